@@ -1,0 +1,97 @@
+"""Shared fixtures: everything offline, tiny, float32 on CPU."""
+
+from __future__ import annotations
+
+import os
+
+# Before any Hugging Face import: no test may touch the network (a Hub lookup would hang ~45 s).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+
+import pytest  # noqa: E402
+
+CORPUS = [
+    f"Question {i}: what is {i} plus {i % 7}? The answer is {i + i % 7}. "
+    f"Write a short note about the colour {c} and the animal {a}."
+    for i, (c, a) in enumerate(
+        (c, a) for c in ("red", "blue", "green", "amber", "violet") for a in ("cat", "owl", "fox", "yak", "eel", "bee")
+    )
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from trl_emo.tiny import train_tokenizer
+
+    return train_tokenizer(CORPUS, vocab_size=320)
+
+
+@pytest.fixture(scope="session")
+def base_tokenizer():
+    """A tokenizer without a chat template (the Alpaca-prompt path)."""
+    from trl_emo.tiny import train_tokenizer
+
+    return train_tokenizer(CORPUS, vocab_size=320, chat_template=False)
+
+
+@pytest.fixture
+def make_model(tokenizer):
+    from trl_emo.tiny import build_tiny_model
+
+    def make(seed: int = 0, **config):
+        config.setdefault("hidden_size", 32)
+        config.setdefault("intermediate_size", 64)
+        return build_tiny_model(tokenizer, seed=seed, **config)
+
+    return make
+
+
+def prompt_completion_rows(n: int = 32):
+    return [{"prompt": f"what is {i} plus {i % 7}?", "completion": f" The answer is {i + i % 7}."} for i in range(n)]
+
+
+def conversation_rows(n: int = 32):
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"what is {i} plus {i % 7}?"},
+                {"role": "assistant", "content": f"The answer is {i + i % 7}."},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def pc_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list(prompt_completion_rows())
+
+
+def cpu_config(output_dir, **overrides):
+    """A float32 CPU `trl_emo.SFTConfig` for tests (TRL's default is bf16, ~8x slower here)."""
+    from trl_emo import SFTConfig
+
+    values = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        max_steps=4,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to="none",
+        gradient_checkpointing=False,
+        save_strategy="no",
+        max_length=64,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    values.update(overrides)
+    return SFTConfig(**values)

@@ -1,0 +1,33 @@
+"""trl_emo: EMO and GEM (and the papers' baselines) as drop-in losses for TRL's SFTTrainer.
+
+```python
+from trl_emo import SFTConfig, SFTTrainer   # instead of `from trl import ...`
+args = SFTConfig(output_dir="out", loss_type="gem")   # or "emo", "tailr", "mixce", "ce_entropy"
+```
+
+Heavy imports (TRL's trainer, transformers) happen on first use of `SFTConfig`/`SFTTrainer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .losses import get_loss, list_losses, register_loss, unregister_loss
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "SFTConfig": "trl_emo.config",
+    "SFTTrainer": "trl_emo.trainer",
+    "NonFiniteLossError": "trl_emo.trainer",
+    "CostEmbedding": "trl_emo.losses",
+}
+
+__all__ = ["SFTConfig", "SFTTrainer", "NonFiniteLossError", "CostEmbedding", "get_loss", "list_losses",
+           "register_loss", "unregister_loss", "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_emo' has no attribute {name!r}")

@@ -1,0 +1,151 @@
+"""`trl_emo.SFTConfig`: TRL's `SFTConfig` whose `loss_type` also accepts EMO, GEM and the baselines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import SFTConfig as _TRLSFTConfig
+
+from .losses import get_loss, list_losses
+from .losses.registry import TRL_LOSS_TYPES
+
+LOSS_IMPLEMENTATIONS = ("fused", "logits")
+COST_EMBEDDING_SOURCES = ("frozen", "lm_head")
+
+
+@dataclass
+class SFTConfig(_TRLSFTConfig):
+    r"""
+    Configuration class for [`trl_emo.SFTTrainer`]: every field of [`trl.SFTConfig`], plus the
+    objective's hyper-parameters. Switching from cross-entropy is one field: `loss_type="gem"`.
+
+    Parameters:
+        loss_type (`str`, *optional*, defaults to `"nll"`):
+            Training objective. TRL's own: `"nll"` (cross-entropy) and `"dft"`, computed by TRL. Added by
+            trl_emo: `"gem"`, `"emo"`, `"tailr"`, `"mixce"`, `"ce_entropy"`, and any loss registered with
+            [`trl_emo.register_loss`].
+        loss_implementation (`str`, *optional*, defaults to `"fused"`):
+            How a trl_emo loss is computed. `"fused"`: from the final hidden states and the output embedding in
+            chunks of positions, never building the whole batch's logits (the memory of TRL's own loss).
+            `"logits"`: from the model's full logits, the reference implementation (more memory).
+        fused_chunk_size (`int`, *optional*):
+            Target positions per chunk in the fused implementation. Defaults to the number of positions whose
+            float32 logits take 128 MiB (1,048 at a 32,000-token vocabulary, 261 at 128,256).
+        gem_beta (`float`, *optional*, defaults to `0.7`):
+            GEM's `beta` in (0, 1]: the temperature of the stop-gradient copy of the model. `1.0` with
+            `gem_h="linear"` gives exactly the cross-entropy gradient.
+        gem_h (`str`, *optional*, defaults to `"linear"`):
+            GEM's `h`: `"linear"` or `"logsigmoid"` (the GEM paper's UltraFeedback setting).
+        emo_cost_embedding (`str`, *optional*, defaults to `"frozen"`):
+            Source of EMO's transport cost `1 - cos(e_i, e_j)`. `"frozen"`: a snapshot of the model's output
+            embedding taken when training starts (after any token resizing), never updated (the paper's setting).
+            `"lm_head"`: the current output embedding at every step (detached). Otherwise a path to a `[V, d']`
+            tensor file (`.safetensors`, `.pt`, `.npy`) or to a model whose output embedding is used; `V` must
+            equal the model's vocabulary size.
+        emo_weighting (`str`, *optional*, defaults to `"mle"`):
+            EMO's dynamic weighting with cross-entropy: `"mle"` (`0.5 (nll + sg(nll / emo) emo)`, the paper's
+            default), `"emo"` (`emo + sg(emo / nll) nll`) or `"none"` (the EMO term alone).
+        emo_demd (`str`, *optional*, defaults to `"reference"`):
+            Value of the EMO term: `"paper"` is the DEMD of the paper (eq. 14); `"reference"` adds `sg(p_y)`, as the
+            authors' code does. The gradient is the same; only the dynamic weight differs.
+        emo_ratio_cap (`float`, *optional*):
+            Upper bound on EMO's dynamic weight (the authors' continual fine-tuning code uses `3.0`). No cap by
+            default.
+        tailr_gamma (`float`, *optional*, defaults to `0.8`):
+            TaiLr's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
+        mixce_gamma (`float`, *optional*, defaults to `0.8`):
+            MixCE's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
+        entropy_coef (`float`, *optional*, defaults to `0.1`):
+            `lambda` of `ce_entropy`: `nll - lambda * entropy` (the GEM paper's baseline uses 0.1).
+        loss_kwargs (`dict` or `str`, *optional*):
+            Keyword arguments for a loss registered by a third party (a JSON string on the command line).
+            Built-in losses take their hyper-parameters from the fields above.
+    """
+
+    _VALID_DICT_FIELDS = _TRLSFTConfig._VALID_DICT_FIELDS + ["loss_kwargs"]
+
+    loss_type: str = field(
+        default="nll",
+        metadata={
+            "help": "Training objective: TRL's 'nll' or 'dft', or a trl_emo loss: 'gem', 'emo', 'tailr', 'mixce', "
+            "'ce_entropy' (or any registered loss)."
+        },
+    )
+    loss_implementation: str = field(
+        default="fused",
+        metadata={
+            "help": "'fused' (chunked from hidden states, never the full logits) or 'logits' (reference, from the full "
+            "logits).",
+        },
+    )
+    fused_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "Target positions per chunk of the fused loss (default: 128 MiB of float32 logits)."},
+    )
+    gem_beta: float = field(default=0.7, metadata={"help": "GEM beta in (0, 1]."})
+    gem_h: str = field(default="linear", metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
+    emo_cost_embedding: str = field(
+        default="frozen",
+        metadata={
+            "help": "EMO transport-cost embedding: 'frozen' (snapshot at the start), 'lm_head' (live, detached), or a "
+            "path to a [V, d'] tensor or a model."
+        },
+    )
+    emo_weighting: str = field(default="mle", metadata={"help": "EMO dynamic weighting: 'mle', 'emo' or 'none'."})
+    emo_demd: str = field(default="reference", metadata={"help": "EMO term value: 'reference' or 'paper'."})
+    emo_ratio_cap: float | None = field(default=None, metadata={"help": "Cap on EMO's dynamic weight (none by default)."})
+    tailr_gamma: float = field(default=0.8, metadata={"help": "TaiLr gamma in [0, 1]."})
+    mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
+    entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
+    loss_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
+    )
+
+    def __post_init__(self):
+        if isinstance(self.loss_kwargs, str):
+            try:
+                self.loss_kwargs = json.loads(self.loss_kwargs)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"loss_kwargs must be a JSON object, got {self.loss_kwargs!r}: {exc}") from exc
+        super().__post_init__()
+        # YAML values reach here without argparse's `choices`, so everything is checked by hand.
+        if self.loss_type not in TRL_LOSS_TYPES:
+            get_loss(self.loss_type)  # raises with the list of registered names
+        if self.loss_implementation not in LOSS_IMPLEMENTATIONS:
+            raise ValueError(
+                f"loss_implementation must be one of {', '.join(LOSS_IMPLEMENTATIONS)}, got {self.loss_implementation!r}."
+            )
+        if self.fused_chunk_size is not None and (not isinstance(self.fused_chunk_size, int) or self.fused_chunk_size < 1):
+            raise ValueError(f"fused_chunk_size must be a positive integer, got {self.fused_chunk_size!r}.")
+        if not isinstance(self.emo_cost_embedding, str) or not self.emo_cost_embedding:
+            raise ValueError(
+                f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."
+            )
+        if self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
+            raise ValueError(f"loss_kwargs must be a mapping, got {type(self.loss_kwargs).__name__}.")
+        # Every built-in hyper-parameter is checked whatever the loss, so a typo in a recipe fails
+        # now rather than when someone switches `loss_type`.
+        for name in list_losses(include_trl=False):
+            spec = get_loss(name)
+            if spec.validate is None:
+                continue
+            if name == self.loss_type:
+                spec.validate(self.loss_hyperparameters())
+            elif spec.config_fields and all(hasattr(self, attr) for attr in spec.config_fields.values()):
+                spec.validate({kw: getattr(self, attr) for kw, attr in spec.config_fields.items()})
+
+    def loss_hyperparameters(self) -> dict[str, Any]:
+        """Keyword arguments of the selected trl_emo loss (its fields, plus `loss_kwargs`)."""
+        spec = get_loss(self.loss_type)
+        hparams = {kw: getattr(self, attr) for kw, attr in spec.config_fields.items()}
+        overlap = set(hparams) & set(self.loss_kwargs or {})
+        if overlap:
+            raise ValueError(
+                f"loss_kwargs sets {', '.join(sorted(overlap))}, which {self.loss_type!r} reads from its own config "
+                f"field(s) {', '.join(spec.config_fields[k] for k in sorted(overlap))}; set those instead."
+            )
+        hparams.update(self.loss_kwargs or {})
+        return hparams

@@ -1,0 +1,146 @@
+"""The loss registry: every objective `trl_emo.SFTTrainer` can train with, by name.
+
+A loss is registered with a *per-token* function of float logits and targets. That function is
+the reference (the logits path uses it directly, through autograd). A loss may also provide a
+*chunk kernel*, a closed-form value-and-gradient for one chunk of positions, which the fused path
+uses; a loss without one still runs fused, through autograd on each chunk.
+
+Third-party packages register the same way, either by calling `register_loss` before building
+`SFTConfig`, or through the `trl_emo.losses` entry-point group (loaded on the first lookup).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Losses TRL's own SFTTrainer computes: `trl_emo.SFTTrainer` hands these back to TRL untouched.
+TRL_LOSS_TYPES = ("nll", "dft")
+
+
+class UnknownLossError(ValueError):
+    """Raised for a `loss_type` nobody registered."""
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered objective.
+
+    Attributes:
+        name: the `loss_type` value that selects it.
+        per_token: `per_token(logits [N, V], targets [N], **hparams) -> [N]`, differentiable,
+            the reference definition of the loss (one value per target position).
+        chunk_kernel: optional `kernel(z [n, V] float32, targets [n], want_grad, **hparams) ->
+            ChunkResult`, the same loss with a closed-form gradient, used by the fused path.
+        config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
+        uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
+            (EMO's transport cost); the trainer builds it from `emo_cost_embedding`.
+        validate: optional check of the resolved hyper-parameters; raise `ValueError` if bad.
+        description: one line shown by `trl-emo losses`.
+        metrics: names of the extra per-token quantities the chunk kernel reports (logged as means).
+    """
+
+    name: str
+    per_token: Callable[..., Any]
+    chunk_kernel: Callable[..., Any] | None = None
+    config_fields: Mapping[str, str] = field(default_factory=dict)
+    uses_cost_embedding: bool = False
+    validate: Callable[[dict], None] | None = None
+    description: str = ""
+    metrics: tuple[str, ...] = ()
+
+
+_REGISTRY: dict[str, LossSpec] = {}
+_ENTRY_POINTS_LOADED = False
+
+
+def register_loss(
+    name: str,
+    per_token: Callable[..., Any] | None = None,
+    *,
+    chunk_kernel: Callable[..., Any] | None = None,
+    config_fields: Mapping[str, str] | None = None,
+    uses_cost_embedding: bool = False,
+    validate: Callable[[dict], None] | None = None,
+    description: str = "",
+    metrics: tuple[str, ...] = (),
+    overwrite: bool = False,
+):
+    """Register a loss under `name`; usable as a decorator on the per-token function.
+
+    Hyper-parameters of a third-party loss that have no `SFTConfig` field come from
+    `SFTConfig.loss_kwargs` (a dict, or a JSON string on the command line).
+
+    ```python
+    @trl_emo.register_loss("focal", description="focal loss, gamma from loss_kwargs")
+    def focal(logits, targets, gamma=2.0):
+        logp = logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+        return -((1 - logp.exp()) ** gamma) * logp
+    ```
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"A loss name must be a Python identifier, got {name!r}.")
+    if name == "dft":
+        # `nll` is registered by trl_emo itself (the reference for tests and benchmarks), so a
+        # second registration is caught below; `dft` exists only in TRL and stays TRL's.
+        raise ValueError(f"{name!r} is one of TRL's own loss types; pick another name.")
+
+    def _register(fn):
+        if name in _REGISTRY and not overwrite:
+            raise ValueError(f"A loss named {name!r} is already registered; pass overwrite=True to replace it.")
+        _REGISTRY[name] = LossSpec(
+            name=name,
+            per_token=fn,
+            chunk_kernel=chunk_kernel,
+            config_fields=dict(config_fields or {}),
+            uses_cost_embedding=uses_cost_embedding,
+            validate=validate,
+            description=description,
+            metrics=tuple(metrics),
+        )
+        return fn
+
+    if per_token is None:
+        return _register
+    _register(per_token)
+    return _REGISTRY[name]
+
+
+def unregister_loss(name: str) -> None:
+    """Remove a registered loss (tests and interactive sessions)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group="trl_emo.losses"):
+        # Loading the module is what registers its losses (it calls `register_loss`).
+        entry_point.load()
+
+
+def list_losses(include_trl: bool = True) -> list[str]:
+    """Names accepted as `loss_type`: TRL's own (`nll`, `dft`) and every registered loss."""
+    _load_entry_points()
+    names = set(_REGISTRY)
+    if include_trl:
+        names.update(TRL_LOSS_TYPES)
+    return sorted(names)
+
+
+def get_loss(name: str) -> LossSpec:
+    """The registered loss called `name`; an `UnknownLossError` listing the valid names otherwise."""
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        valid = list_losses()
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownLossError(f"Unknown loss_type {name!r}.{hint} Registered loss types: {', '.join(valid)}.")
+    return _REGISTRY[name]

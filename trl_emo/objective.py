@@ -1,0 +1,130 @@
+"""A selected loss bound to its hyper-parameters and, for EMO, its cost embedding.
+
+This is the training state the trainer keeps beside the model: it is never a module of the
+model, so it never reaches `state_dict()` or a saved model folder. A frozen cost snapshot of a
+trainable head is saved next to checkpoints (`trl_emo_cost_embedding.safetensors`) so that a
+resumed run uses the snapshot of the original start, not of the resumed weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .fused_head import head_parameters
+from .losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding
+from .losses.functional import select_targets, token_statistics
+from .losses.fused import FusedLossOutput, HeadTransform
+
+logger = logging.getLogger(__name__)
+
+COST_EMBEDDING_FILE = "trl_emo_cost_embedding.safetensors"
+
+
+class Objective:
+    """`loss_type` + hyper-parameters + cost embedding, computed fused or from logits."""
+
+    def __init__(self, loss_type: str, hparams: dict, cost_source: str = "frozen", chunk_size: int | None = None,
+                 trust_remote_code: bool = False):
+        self.spec = get_loss(loss_type)
+        self.hparams = dict(hparams)
+        self.cost_source = cost_source if self.spec.uses_cost_embedding else None
+        self.chunk_size = chunk_size
+        self.trust_remote_code = trust_remote_code
+        self.cost: CostEmbedding | None = None
+
+    # -- cost embedding -------------------------------------------------------------------
+    @property
+    def needs_cost(self) -> bool:
+        return self.cost_source is not None
+
+    @property
+    def live_cost(self) -> bool:
+        return self.cost_source == "lm_head"
+
+    def prepare_cost(self, model) -> None:
+        """Take the frozen snapshot or load the cost file, once; check its vocabulary."""
+        if not self.needs_cost or self.live_cost or self.cost is not None:
+            return
+        weight = model.get_output_embeddings().weight
+        if self.cost_source == "frozen":
+            from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+            with maybe_gather_lm_head_ctx(weight):
+                full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+                # The snapshot keeps the head's dtype: widening to float32 later is exact.
+                self.cost = CostEmbedding(full.detach().clone(), source="a frozen snapshot of the output embedding")
+        else:
+            self.cost = load_cost_embedding(self.cost_source, trust_remote_code=self.trust_remote_code).to(weight.device)
+        self.cost.check_vocab(weight.shape[0])
+
+    def snapshot_must_be_saved(self, model) -> bool:
+        """A frozen snapshot is worth saving only if the head trains (a frozen head can be re-read)."""
+        return self.cost_source == "frozen" and self.cost is not None and model.get_output_embeddings().weight.requires_grad
+
+    def save_cost(self, folder: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        save_file({"cost_embedding": self.cost.weight.contiguous().cpu()}, os.path.join(folder, COST_EMBEDDING_FILE))
+
+    def load_cost(self, folder: str, model) -> bool:
+        """Restore the snapshot saved with a checkpoint; False when the checkpoint has none."""
+        path = os.path.join(folder, COST_EMBEDDING_FILE)
+        if self.cost_source != "frozen" or not os.path.isfile(path):
+            return False
+        weight = model.get_output_embeddings().weight
+        self.cost = load_cost_embedding(path).to(weight.device)
+        self.cost.source = f"the snapshot saved in {folder}"
+        self.cost.check_vocab(weight.shape[0])
+        return True
+
+    def _kwargs(self, weight: torch.Tensor) -> dict:
+        if not self.needs_cost:
+            return self.hparams
+        cost = CostEmbedding(weight.detach(), source="the live output embedding") if self.live_cost else self.cost
+        if cost is None:
+            raise RuntimeError("The EMO cost embedding was not prepared; call `prepare_cost(model)` first.")
+        return {**self.hparams, "cost_embedding": cost}
+
+    # -- the loss --------------------------------------------------------------------------
+    def fused(self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None):
+        """The objective from hidden states of the target positions (see `fused_linear_loss`)."""
+        if hidden.shape[0] and int(targets.max()) >= weight.shape[0]:
+            raise ValueError(
+                f"Vocabulary mismatch: a label id ({int(targets.max())}) is outside the model's output vocabulary "
+                f"({weight.shape[0]} tokens). The tokenizer has more tokens than the model: resize the model's token "
+                "embeddings to the tokenizer."
+            )
+        return fused_linear_loss(
+            hidden,
+            weight,
+            targets,
+            self.spec,
+            self._kwargs(weight),
+            bias=bias,
+            num_items_in_batch=num_items_in_batch,
+            chunk_size=self.chunk_size,
+            transform=transform,
+        )
+
+    def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> tuple[FusedLossOutput, torch.Tensor]:
+        """The reference path: the objective from the model's full logits `[B, T, V]`."""
+        targets, mask = select_targets(labels, shift_labels)
+        aligned = logits if shift_labels is not None else logits[:, :-1]
+        selected, selected_targets = aligned[mask], targets[mask]
+        if selected_targets.numel() and int(selected_targets.max()) >= logits.shape[-1]:
+            raise ValueError(
+                f"Vocabulary mismatch: a label id ({int(selected_targets.max())}) is outside the model's output "
+                f"vocabulary ({logits.shape[-1]} tokens). Resize the model's token embeddings to the tokenizer."
+            )
+        weight, _ = head_parameters(model)
+        values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
+        count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+        total = values.sum() if values.numel() else aligned.sum() * 0.0
+        loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
+        stats = token_statistics(selected, selected_targets)
+        out = FusedLossOutput(loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {})
+        return out, mask

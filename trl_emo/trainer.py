@@ -1,0 +1,214 @@
+"""`trl_emo.SFTTrainer`: TRL's `SFTTrainer`, training with the loss `args.loss_type` selects.
+
+`nll` and `dft` are left to TRL exactly as it computes them. Any other registered loss is computed
+by `trl_emo`, fused by default (from hidden states, never the full logits) or from the logits
+(`loss_implementation="logits"`), and logged beside cross-entropy, entropy and token accuracy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from trl import SFTTrainer as _TRLSFTTrainer
+
+from .config import SFTConfig
+from .fused_head import add_objective_head
+from .generation_eos import add_end_of_turn_to_generation_config
+from .losses.registry import TRL_LOSS_TYPES
+from .objective import Objective
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite: raised instead of training a NaN model."""
+
+
+def _as_trl_emo_config(args, model) -> SFTConfig:
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        return SFTConfig(f"{str(name).rstrip('/').split('/')[-1]}-SFT")
+    if isinstance(args, SFTConfig):
+        return args
+    # A plain `trl.SFTConfig` or `TrainingArguments`: same fields, our defaults for the rest.
+    # (`to_dict()` would mask every `*_token` field, `eos_token` included.)
+    known = {f.name for f in dataclasses.fields(SFTConfig) if f.init}
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and f.name in known}
+    return SFTConfig(**values)
+
+
+class SFTTrainer(_TRLSFTTrainer):
+    """TRL's [`trl.SFTTrainer`] with EMO, GEM and the baselines as `loss_type` values.
+
+    Use it exactly like TRL's trainer, with [`trl_emo.SFTConfig`]:
+
+    ```python
+    from trl_emo import SFTConfig, SFTTrainer
+
+    trainer = SFTTrainer(model="Qwen/Qwen2.5-0.5B", args=SFTConfig(loss_type="gem"), train_dataset=dataset)
+    trainer.train()
+    ```
+    """
+
+    _tag_names = ["trl", "sft", "trl-emo"]
+
+    def __init__(self, model, args=None, *positional, **kwargs):
+        args = _as_trl_emo_config(args, model)
+        self._objective = None
+        if args.loss_type not in TRL_LOSS_TYPES:
+            if kwargs.get("compute_loss_func") is not None:
+                raise ValueError(
+                    f"`compute_loss_func` cannot be combined with loss_type={args.loss_type!r}: the loss is computed by "
+                    "trl_emo. Register your loss with `trl_emo.register_loss` instead."
+                )
+            if args.label_smoothing_factor > 0:
+                raise ValueError(f"label_smoothing_factor is not supported with loss_type={args.loss_type!r}.")
+            objective = Objective(
+                args.loss_type,
+                args.loss_hyperparameters(),
+                cost_source=args.emo_cost_embedding,
+                chunk_size=args.fused_chunk_size,
+                trust_remote_code=args.trust_remote_code,
+            )
+            # TRL's own checks only know 'nll' and 'dft'; it builds everything else the same way.
+            loss_type, args.loss_type = args.loss_type, "nll"
+            try:
+                super().__init__(model, args, *positional, **kwargs)
+            finally:
+                args.loss_type = loss_type
+            self._objective = objective
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            self._check_vocabulary(base)
+            add_objective_head(base, self._objective.fused)
+        else:
+            super().__init__(model, args, *positional, **kwargs)
+        add_end_of_turn_to_generation_config(self.model, self._tokenizer)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _check_vocabulary(self, model) -> None:
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if len(self._tokenizer) > vocab:
+            raise ValueError(
+                f"Vocabulary mismatch: the tokenizer has {len(self._tokenizer)} tokens but the model's output embedding "
+                f"has {vocab} rows, so some labels could not be scored. Resize the model first: "
+                "`model.resize_token_embeddings(len(tokenizer))`."
+            )
+
+    def _head_model(self):
+        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if self._objective is not None and self._objective.needs_cost:
+            checkpoint = resume_from_checkpoint
+            if checkpoint is True:
+                checkpoint = get_last_checkpoint(self.args.output_dir)
+                if checkpoint is None:
+                    raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
+                resume_from_checkpoint = checkpoint
+            restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._head_model())
+            if checkpoint and not restored and self._objective.cost_source == "frozen":
+                logger.warning(
+                    "Checkpoint %s has no %s: the frozen EMO cost embedding is re-taken from the resumed weights.",
+                    checkpoint,
+                    "trl_emo_cost_embedding.safetensors",
+                )
+            self._objective.prepare_cost(self._head_model())
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        # Written before TRL/transformers write the rest, so a checkpoint that looks complete has it.
+        if self._objective is not None and self.args.should_save and self._objective.snapshot_must_be_saved(self._head_model()):
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            self._objective.save_cost(folder)
+        super()._save_checkpoint(model, trial)
+
+    # -- the loss -------------------------------------------------------------------------
+    def _raise_non_finite(self, mode: str) -> None:
+        step = self.state.global_step + (1 if mode == "train" else 0)
+        where = f"training step {step}" if mode == "train" else f"evaluation after step {step}"
+        raise NonFiniteLossError(
+            f"The {self.args.loss_type!r} loss is NaN or infinite at {where} (epoch {self.state.epoch or 0:.2f}): the "
+            "model produced NaN/inf logits. Training stopped before this step's update; the last checkpoint in "
+            f"{self.args.output_dir!r} is intact. Usual causes: a learning rate too high, fp16 overflow (prefer bf16), "
+            "or corrupted weights."
+        )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if self.model.training else "eval"
+        if self._objective is None:
+            result = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            loss = result[0] if return_outputs else result
+            if not torch.isfinite(loss.detach()).all():
+                self._raise_non_finite(mode)
+            return result
+
+        inputs["use_cache"] = False
+        if self.aux_loss_enabled:
+            inputs["output_router_logits"] = True
+        logits_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        if self.args.loss_implementation == "fused":
+            outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
+            aux_loss = outputs.aux_loss
+        else:
+            self._objective.prepare_cost(self._head_model())
+            model_outputs = model(**logits_inputs)
+            outputs, mask = self._objective.from_logits(
+                model_outputs.logits,
+                inputs["labels"],
+                self._head_model(),
+                num_items_in_batch=num_items_in_batch,
+                shift_labels=inputs.get("shift_labels"),
+            )
+            outputs.label_mask = mask
+            aux_loss = getattr(model_outputs, "aux_loss", None)
+
+        loss = outputs.loss
+        if not torch.isfinite(loss.detach()).all():
+            self._raise_non_finite(mode)
+        # Like TRL: `num_items_in_batch` counts every rank's tokens while DDP averages gradients.
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        if self.aux_loss_enabled and aux_loss is not None:
+            steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+            loss = loss + self.router_aux_loss_coef * aux_loss / steps
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
+
+        self._log_token_metrics(mode, outputs, inputs)
+        if return_outputs:
+            # Deprecated in TRL too: `compute_metrics` wants logits, which costs one more forward.
+            with torch.no_grad():
+                return loss, model(**logits_inputs)
+        return loss
+
+    def _log_token_metrics(self, mode, outputs, inputs) -> None:
+        names = list(outputs.metrics or {})
+        local = torch.stack(
+            [
+                torch.tensor(float(outputs.token_losses.numel()), device=outputs.token_losses.device),
+                outputs.token_losses.sum().float(),
+                outputs.nll.sum().float(),
+                outputs.entropy.sum().float(),
+                outputs.is_top1.sum().float(),
+                *(outputs.metrics[name].sum().float() for name in names),
+            ]
+        )
+        # One collective for every metric of the step.
+        totals = self.accelerator.gather_for_metrics(local[None]).sum(0).tolist()
+        count = totals[0]
+        means = [value / count if count > 0 else 0.0 for value in totals[1:]]
+        for key, value in zip(["objective", "cross_entropy", "entropy", "mean_token_accuracy", *names], means):
+            self._metrics[mode][key].append(value)
+
+        if mode == "train":
+            if "attention_mask" in inputs:
+                num_tokens = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
+            else:
+                local_tokens = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
+                num_tokens = self.accelerator.gather_for_metrics(local_tokens).sum().item()
+            self._total_train_tokens += num_tokens // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
