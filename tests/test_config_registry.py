@@ -117,3 +117,9 @@ def test_public_names():
         assert hasattr(trl_emo, name)
     assert issubclass(trl_emo.SFTTrainer, __import__("trl").SFTTrainer)
     assert issubclass(trl_emo.SFTConfig, __import__("trl").SFTConfig)
+
+
+def test_bf16_default_follows_the_hardware(tmp_path):
+    args = SFTConfig(output_dir=str(tmp_path), report_to="none")
+    assert args.bf16 is torch.cuda.is_available()
+    assert SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True).bf16 is True  # TRL's default kept

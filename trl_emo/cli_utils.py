@@ -89,7 +89,49 @@ def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = N
     parser = TrlParser(list(dataclass_types))
     try:
         return parser.parse_args_and_config(args=argv)
+    except ValueError as exc:
+        # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
+        raise ConfigError(str(exc)) from exc
     except SystemExit as exc:
         # argparse already printed its message (unknown flag, bad value); turn it into an error
         # the caller can catch, and keep the exit status.
         raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
+
+
+def plain(value):
+    """`value` as YAML-safe builtins (enums by value, unknown objects as text), for printing configurations."""
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def non_default_fields(obj) -> dict:
+    """The init fields of dataclass `obj` whose value differs from the field's default."""
+    values = {}
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(obj, f.name)
+        if default is dataclasses.MISSING or value != default:
+            values[f.name] = value
+    return values
+
+
+def dump_sections(sections: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(plain(sections), sort_keys=False, default_flow_style=False, allow_unicode=True)

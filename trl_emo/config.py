@@ -12,6 +12,14 @@ from .losses import get_loss, list_losses
 from .losses.registry import TRL_LOSS_TYPES
 
 LOSS_IMPLEMENTATIONS = ("fused", "logits")
+
+
+def _has_bf16_accelerator() -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
 COST_EMBEDDING_SOURCES = ("frozen", "lm_head")
 
 
@@ -62,6 +70,10 @@ class SFTConfig(_TRLSFTConfig):
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
+
+    > [!NOTE]
+    > One default differs from [`trl.SFTConfig`]: when `bf16` is not set, it is `True` only if a CUDA/XPU device is
+    > available (TRL always turns it on, which fails on a CPU-only machine unless `use_cpu=True` is given).
     """
 
     _VALID_DICT_FIELDS = _TRLSFTConfig._VALID_DICT_FIELDS + ["loss_kwargs"]
@@ -110,6 +122,10 @@ class SFTConfig(_TRLSFTConfig):
                 self.loss_kwargs = json.loads(self.loss_kwargs)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"loss_kwargs must be a JSON object, got {self.loss_kwargs!r}: {exc}") from exc
+        if self.bf16 is None and not self.fp16 and not self.use_cpu and not _has_bf16_accelerator():
+            # TRL turns bf16 on by default, which fails on a machine without a GPU unless `use_cpu`
+            # is given; without an accelerator, full precision is the default that works.
+            self.bf16 = False
         super().__post_init__()
         # YAML values reach here without argparse's `choices`, so everything is checked by hand.
         if self.loss_type not in TRL_LOSS_TYPES:

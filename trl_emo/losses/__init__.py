@@ -65,7 +65,7 @@ def _check_entropy(hp):
         raise ValueError(f"entropy_coef must be a finite number, got {coef!r}.")
 
 
-register_loss("nll", nll_per_token, chunk_kernel=kernels.nll_kernel, description="cross-entropy (TRL computes it in training)")
+register_loss("nll", nll_per_token, chunk_kernel=kernels.nll_kernel, description="cross-entropy")
 register_loss(
     "gem",
     gem_per_token,

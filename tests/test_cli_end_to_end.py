@@ -1,0 +1,178 @@
+"""The commands end to end on a tiny model: every loss from a recipe, QLoRA, DDP, kill-and-resume, SFT -> DPO, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CORPUS
+from data_fixtures import write_fixture
+from trl_emo import cli, dpo, sft
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_RECIPE = str(ROOT / "recipes" / "demo.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from trl_emo.tiny import save_tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("e2e")
+    return {
+        "chat": save_tiny_causal_lm(CORPUS, output_dir=root / "chat", vocab_size=320, hidden_size=64, intermediate_size=128),
+        "alpaca": write_fixture("alpaca", root, n_rows=16),
+        "ultrafeedback": write_fixture("ultrafeedback", root, n_rows=16),
+    }
+
+
+def short(tmp_path, **extra):
+    args = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(tmp_path)]
+    for key, value in extra.items():
+        args += [f"--{key}", str(value)]
+    return args
+
+
+def final_state(output_dir) -> dict:
+    checkpoints = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+
+
+@pytest.mark.parametrize("loss_type", ["nll", "dft", "gem", "emo", "tailr", "mixce", "ce_entropy"])
+def test_sft_with_each_loss_from_a_recipe(tmp_path, tiny, loss_type):
+    from transformers import AutoModelForCausalLM
+
+    argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
+            "--loss_type", loss_type, *short(tmp_path / "out")]
+    assert sft.main(argv) == 0
+    model, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
+
+
+def test_qlora_recipe_trains_on_cpu(tmp_path, tiny):
+    argv = ["--recipe", str(ROOT / "recipes" / "gem_ultrafeedback_qlora.yaml"), "--model_name_or_path", tiny["chat"],
+            "--chat_template_path", "", "--dataset_name", tiny["ultrafeedback"], "--use_cpu", "true", "--bf16", "false",
+            "--dtype", "float32", "--gradient_checkpointing", "false", "--gradient_accumulation_steps", "1",
+            "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2", *short(tmp_path / "out")]
+    assert sft.main(argv) == 0
+    out = tmp_path / "out"
+    assert (out / "adapter_config.json").exists() and (out / "generation_config.json").exists()
+    assert final_state(out)["global_step"] == 2
+
+
+SLOW_SFT = """
+import sys, time
+import trl_emo.trainer as t
+step = t.SFTTrainer.training_step
+def slow(self, *a, **k):
+    time.sleep(0.4)  # leave the test time to kill the run mid-training
+    return step(self, *a, **k)
+t.SFTTrainer.training_step = slow
+from trl_emo.sft import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_killed_run_resumes_to_the_same_step_count_without_losing_checkpoints(tmp_path, tiny):
+    out = tmp_path / "out"
+    argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
+            "--loss_type", "emo", "--max_steps", "6", "--per_device_train_batch_size", "4", "--save_strategy", "steps",
+            "--save_steps", "2", "--output_dir", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SFT, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (out / "checkpoint-2" / "trainer_state.json").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "checkpoint-6").exists(), "the run finished before it was killed"
+
+    assert sft.main(argv + ["--resume_from_checkpoint", "true"]) == 0
+    assert final_state(out)["global_step"] == 6
+    for step in (2, 4, 6):
+        assert (out / f"checkpoint-{step}" / "model.safetensors").exists()
+        assert (out / f"checkpoint-{step}" / "trl_emo_cost_embedding.safetensors").exists()
+    assert (out / "model.safetensors").exists()
+
+
+def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path, tiny, capsys):
+    argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
+            "--resume_from_checkpoint", str(tmp_path / "checkpoint-9"), *short(tmp_path / "out")]
+    assert sft.main(argv) == 2
+    assert "checkpoint folder not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sft_then_dpo(tmp_path, tiny, lora):
+    from transformers import GenerationConfig
+
+    sft_out = tmp_path / "sft"
+    extra = ["--use_peft", "true", "--lora_target_modules", "all-linear"] if lora else []
+    argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["ultrafeedback"],
+            "--dataset_train_split", "train_sft", "--dataset_test_split", "test_sft", "--dataset_schema", "ultrafeedback",
+            "--prompt_format", "auto", "--loss_type", "gem", *extra, *short(sft_out)]
+    assert sft.main(argv) == 0
+    assert (sft_out / "adapter_config.json").exists() == lora
+    eos = GenerationConfig.from_pretrained(str(sft_out)).eos_token_id
+    assert 7 in (eos if isinstance(eos, list) else [eos])  # <|end|>, the tiny template's end of turn
+
+    dpo_out = tmp_path / "dpo"
+    argv = ["--recipe", str(ROOT / "recipes" / "dpo_ultrafeedback.yaml"), "--model_name_or_path", str(sft_out),
+            "--dataset_name", tiny["ultrafeedback"], "--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
+            "--gradient_checkpointing", "false", "--eval_strategy", "no", "--gradient_accumulation_steps", "1",
+            "--learning_rate", "1e-4", "--report_to", "none", *extra, *short(dpo_out)]
+    assert dpo.main(argv) == 0
+    state = final_state(dpo_out)
+    assert state["global_step"] == 2
+    assert any("rewards/margins" in row for row in state["log_history"])
+    assert (dpo_out / "sft-merged").exists() == lora
+
+
+def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519", "-m", "trl_emo.sft",
+           "--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
+           "--loss_type", "gem", "--save_strategy", "steps", "--save_steps", "2", *short(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = final_state(out)
+    assert state["global_step"] == 2
+    assert (out / "model.safetensors").exists()
+
+
+def test_console_script_dispatch(capsys):
+    assert cli.main(["losses"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("gem", "emo", "tailr", "mixce", "ce_entropy", "dft"):
+        assert name in listing
+    assert cli.main(["frobnicate"]) == 2
+
+
+def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
+    from trl_emo import demo
+
+    assert demo.main(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
+                      "--max_new_tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out cross-entropy" in out and "nll" in out and "gem" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for loss in ("nll", "gem"):
+        values = summary["results"][loss]
+        assert torch.isfinite(torch.tensor(values["held_out_cross_entropy"]))
+        assert 0 <= values["ngram_diversity"] <= 100
+    # A second run reuses the finished trainings.
+    assert demo.main(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
+                      "--max_new_tokens", "8"]) == 0
+    assert "reusing the finished run" in capsys.readouterr().out

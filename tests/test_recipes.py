@@ -1,0 +1,138 @@
+"""Every recipe parses and `--dry_run`s against a fixture of its dataset's schema; bad recipes fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import CORPUS
+from data_fixtures import fixture_rows, write_fixture
+from trl_emo import dpo, sft
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith("dpo_"))
+DPO_RECIPES = sorted(RECIPES.glob("dpo_*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A chat-template tiny model folder, a base (no template) one, and the template as a .jinja file."""
+    from trl_emo.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("tiny")
+    chat = save_tiny_causal_lm(CORPUS, output_dir=root / "chat", vocab_size=320, hidden_size=32, intermediate_size=64)
+    base = save_tiny_causal_lm(
+        CORPUS, output_dir=root / "base", vocab_size=320, chat_template=False, hidden_size=32, intermediate_size=64
+    )
+    jinja = root / "template.jinja"
+    jinja.write_text(CHAT_TEMPLATE)
+    return {"chat": chat, "base": base, "jinja": str(jinja)}
+
+
+def recipe_overrides(recipe: Path, tiny_models, fixtures: Path):
+    config = yaml.safe_load(recipe.read_text())
+    schema = config["dataset_schema"]
+    args = ["--recipe", str(recipe), "--dataset_name", write_fixture(schema, fixtures), "--use_cpu", "true",
+            "--output_dir", str(fixtures / "out"), "--dry_run"]
+    if "chat_template_path" in config:
+        args += ["--model_name_or_path", tiny_models["base"], "--chat_template_path", tiny_models["jinja"]]
+    elif config.get("prompt_format") == "alpaca":
+        args += ["--model_name_or_path", tiny_models["base"]]
+    else:
+        args += ["--model_name_or_path", tiny_models["chat"]]
+    return config, args
+
+
+def test_there_is_a_recipe_for_every_paper_setting():
+    names = {p.name for p in RECIPES.glob("*.yaml")}
+    for base in ("gem_ultrafeedback", "emo_alpaca_gpt4", "emo_evol_instruct", "gem_metamath", "gem_magicoder", "dpo_ultrafeedback"):
+        assert f"{base}.yaml" in names and f"{base}_qlora.yaml" in names, base
+    assert {p.name for p in (RECIPES / "accelerate").glob("*.yaml")} == {"ddp.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
+
+
+@pytest.mark.parametrize("recipe", SFT_RECIPES, ids=[p.stem for p in SFT_RECIPES])
+def test_sft_recipe_dry_runs_on_its_schema(recipe, tiny_models, tmp_path, capsys):
+    config, args = recipe_overrides(recipe, tiny_models, tmp_path)
+    assert sft.main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"loss_type: {config.get('loss_type', 'nll')}" in out
+    assert "--- example 2" in out and sft.MASK_OPEN in out
+    if config.get("load_in_4bit"):
+        assert "load_in_4bit: true" in out and "use_peft: true" in out
+    # The trained (unmasked) text of the first example is exactly the fixture's first answer.
+    first = out.split("--- example 0", 1)[1].split("--- example 1", 1)[0]
+    trained = "".join(part.split(sft.MASK_CLOSE, 1)[-1] for part in first.split(sft.MASK_OPEN))
+    row = fixture_rows(config["dataset_schema"], 1, split=config.get("dataset_train_split", "train"))[0]
+    answer = {
+        "alpaca": lambda r: r["output"],
+        "evol_instruct": lambda r: r["data"]["output"],
+        "metamath": lambda r: r["response"],
+        "magicoder": lambda r: r["solution"],
+        "ultrafeedback": lambda r: r["messages"][-1]["content"],
+    }[config["dataset_schema"]](row)
+    assert answer.strip() in trained
+
+
+@pytest.mark.parametrize("recipe", DPO_RECIPES, ids=[p.stem for p in DPO_RECIPES])
+def test_dpo_recipe_dry_runs(recipe, tiny_models, tmp_path, capsys):
+    args = ["--recipe", str(recipe), "--model_name_or_path", tiny_models["chat"], "--use_cpu", "true",
+            "--dataset_name", write_fixture("ultrafeedback", tmp_path), "--output_dir", str(tmp_path / "out"), "--dry_run"]
+    assert dpo.main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "--- pair 2 ---" in out and "[chosen]" in out and "[rejected]" in out
+    assert "train_prefs" in out
+
+
+def _write_recipe(tmp_path, **fields):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    return str(path)
+
+
+def _base_args(tmp_path, tiny_models):
+    return ["--model_name_or_path", tiny_models["chat"], "--dataset_name", write_fixture("alpaca", tmp_path),
+            "--use_cpu", "true", "--output_dir", str(tmp_path / "out"), "--dry_run"]
+
+
+def test_unknown_recipe_key_is_a_clear_error(tmp_path, tiny_models, capsys):
+    recipe = _write_recipe(tmp_path, loss_type="gem", gem_bta=0.5)
+    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
+    err = capsys.readouterr().err
+    assert "gem_bta" in err and "did you mean 'gem_beta'" in err
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [("gem_h", "tanh", "gem_h"), ("loss_type", "gemm", "Did you mean 'gem'"),
+                                                       ("dataset_schema", "alpacca", "dataset_schema")])
+def test_bad_recipe_value_is_a_clear_error(tmp_path, tiny_models, capsys, field, value, match):
+    recipe = _write_recipe(tmp_path, **{field: value})
+    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_missing_recipe_file_and_model_are_clear_errors(tmp_path, tiny_models, capsys):
+    assert sft.main(["--recipe", str(tmp_path / "nope.yaml"), *_base_args(tmp_path, tiny_models)]) == 2
+    assert "Recipe file not found" in capsys.readouterr().err
+    assert sft.main(["--dataset_name", "x", "--output_dir", str(tmp_path)]) == 2
+    assert "model_name_or_path is required" in capsys.readouterr().err
+
+
+def test_command_line_overrides_the_recipe(tmp_path, tiny_models, capsys):
+    recipe = _write_recipe(tmp_path, loss_type="gem", gem_h="logsigmoid")
+    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models), "--loss_type", "nll"]) == 0
+    out = capsys.readouterr().out
+    assert "loss_type: nll" in out and "gem_h" not in out.split("script:")[0]
+
+
+def test_missing_dataset_column_names_the_column_and_schema(tmp_path, tiny_models, capsys):
+    import json
+
+    rows = [{"instruction": "Say hi.", "input": ""} for _ in range(3)]  # no `output`
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--model_name_or_path", tiny_models["chat"], "--dataset_name", str(path), "--dataset_schema", "alpaca",
+            "--use_cpu", "true", "--output_dir", str(tmp_path / "out"), "--dry_run"]
+    assert sft.main(args) == 2
+    err = capsys.readouterr().err
+    assert "output" in err and "alpaca" in err

@@ -1,0 +1,195 @@
+"""Row adapters: one source row of a known schema -> one example in a format TRL's trainers prepare themselves.
+
+SFT outputs (TRL then tokenizes, appends EOS to string completions, and masks):
+  - "prompt_completion": {"prompt": str, "completion": str} (the Alpaca prompt; TRL's completion-only loss);
+  - "conversational_prompt_completion": {"prompt": [turns], "completion": [assistant turn]} (chat template);
+  - "messages": {"messages": [turns]} (multi-turn chat; needs `assistant_only_loss=True`);
+  - "text": {"text": str} (plain language modeling).
+DPO outputs: explicit-prompt preference rows {"prompt", "chosen", "rejected"}, all conversational or all strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .prompts import alpaca_completion, alpaca_prompt, conversation_to_alpaca, split_conversation
+from .schemas import DataError, get_schema
+
+PROMPT_FORMATS = ("auto", "chat_template", "alpaca")
+OUTPUT_FORMATS = ("prompt_completion", "conversational_prompt_completion", "messages", "text")
+# Schemas whose rows are one instruction and one response.
+INSTRUCTION_SCHEMAS = ("alpaca", "evol_instruct", "metamath", "magicoder")
+CONVERSATION_SCHEMAS = ("ultrafeedback", "messages")
+
+
+def _field(row: dict, column: str, schema: str, container: str | None = None):
+    source = row if container is None else row.get(container)
+    if not isinstance(source, Mapping) or column not in source:
+        name = column if container is None else f"{container}.{column}"
+        raise DataError(
+            f"Missing column {name!r} for dataset schema {schema!r} (expects {get_schema(schema).expected()}); "
+            f"row has: {', '.join(row) or '(none)'}."
+        )
+    return source[column]
+
+
+def instruction_fields(row: dict, schema: str) -> tuple[str, str, str]:
+    """(instruction, input, output) of a row of an instruction-style schema; a missing/None input is ""."""
+    if schema == "alpaca":
+        values = (_field(row, "instruction", schema), row.get("input"), _field(row, "output", schema))
+    elif schema == "evol_instruct":
+        data = _field(row, "data", schema)
+        values = (
+            _field(row, "instruction", schema, "data"),
+            (data or {}).get("input"),
+            _field(row, "output", schema, "data"),
+        )
+    elif schema == "metamath":
+        values = (_field(row, "query", schema), "", _field(row, "response", schema))
+    elif schema == "magicoder":
+        values = (_field(row, "problem", schema), "", _field(row, "solution", schema))
+    else:
+        raise DataError(f"Schema {schema!r} is not an instruction schema ({', '.join(INSTRUCTION_SCHEMAS)}).")
+    return tuple("" if value is None else str(value) for value in values)
+
+
+def clean_messages(messages) -> list[dict]:
+    """Drop the None-valued keys Arrow adds when turns of one column have different keys."""
+    if not isinstance(messages, list) or not all(isinstance(m, Mapping) and "role" in m for m in messages):
+        raise DataError(f"Expected a conversation (a list of {{role, content}} turns), got: {str(messages)[:200]}")
+    return [{key: value for key, value in message.items() if value is not None} for message in messages]
+
+
+def with_system(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """Prepend a system turn, unless there is no system prompt or the conversation already starts with one."""
+    if not system_prompt or (messages and messages[0].get("role") == "system"):
+        return messages
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def user_content(instruction: str, input: str = "") -> str:  # noqa: A002
+    """The user turn of an instruction row: the instruction, then the input after a blank line when there is one."""
+    return f"{instruction}\n\n{input}" if input and input.strip() else instruction
+
+
+def _check_prompt_format(prompt_format: str) -> None:
+    if prompt_format not in ("chat_template", "alpaca"):
+        raise DataError(
+            f"prompt_format must be resolved to 'chat_template' or 'alpaca' here, got {prompt_format!r} "
+            "(use `resolve_prompt_format` with the tokenizer to resolve 'auto')."
+        )
+
+
+def format_example(row: dict, schema: str, prompt_format: str, system_prompt: str | None = None) -> dict:
+    """Convert one row of `schema` to TRL's SFT format (see the module docstring).
+
+    `prompt_format` is "chat_template" (conversational output, TRL applies the tokenizer's template) or "alpaca"
+    (string prompt/completion with the Alpaca prompt; `system_prompt` is not used there, the Alpaca preamble plays
+    its part). The generic schemas `prompt_completion` and `text` pass through unchanged.
+    """
+    if schema in INSTRUCTION_SCHEMAS:
+        _check_prompt_format(prompt_format)
+        instruction, input_, output = instruction_fields(row, schema)
+        if prompt_format == "chat_template":
+            prompt = with_system([{"role": "user", "content": user_content(instruction, input_)}], system_prompt)
+            return {"prompt": prompt, "completion": [{"role": "assistant", "content": output}]}
+        return {"prompt": alpaca_prompt(instruction, input_), "completion": alpaca_completion(output)}
+    if schema in CONVERSATION_SCHEMAS:
+        _check_prompt_format(prompt_format)
+        messages = clean_messages(_field(row, "messages", schema))
+        if prompt_format == "chat_template":
+            return {"messages": with_system(messages, system_prompt)}
+        try:
+            instruction, input_, output = conversation_to_alpaca(messages)
+        except ValueError as exc:
+            raise DataError(f"Cannot render a {schema!r} row with the Alpaca prompt: {exc}") from None
+        return {"prompt": alpaca_prompt(instruction, input_), "completion": alpaca_completion(output)}
+    if schema == "prompt_completion":
+        prompt, completion = _field(row, "prompt", schema), _field(row, "completion", schema)
+        if isinstance(prompt, list):
+            prompt = with_system(clean_messages(prompt), system_prompt)
+            completion = clean_messages(completion)
+        return {"prompt": prompt, "completion": completion}
+    if schema == "text":
+        return {"text": _field(row, "text", schema)}
+    if get_schema(schema).preference:
+        raise DataError(f"Schema {schema!r} holds preference pairs: use `format_preference_example` (DPO).")
+    raise DataError(f"No SFT adapter for schema {schema!r}.")
+
+
+def output_format(example: dict) -> str:
+    """Which of `OUTPUT_FORMATS` a converted example is in."""
+    if "text" in example:
+        return "text"
+    if "messages" in example:
+        return "messages"
+    return "conversational_prompt_completion" if isinstance(example["prompt"], list) else "prompt_completion"
+
+
+def _is_conversation(value) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], Mapping) and "role" in value[0]
+
+
+def format_preference_example(row: dict, prompt_format: str, system_prompt: str | None = None) -> dict:
+    """Convert one preference row to an explicit-prompt row {"prompt", "chosen", "rejected"} for TRL's DPOTrainer.
+
+    Conversational `chosen`/`rejected` (UltraFeedback: full conversations, prompt turns included; a string `prompt`
+    column next to them is only a copy of the first user turn and is dropped) become, with "chat_template", prompt =
+    the turns shared before the last assistant turns, chosen/rejected = the rest (the last assistant turn); with
+    "alpaca", the same split rendered as strings (`conversation_to_alpaca`). Conversations that start at the answer
+    take their prompt from the `prompt` column (a string becomes a user turn). String rows pass through; without a
+    `prompt`, the shared prefix of chosen and rejected is extracted, as TRL does.
+    """
+    _check_prompt_format(prompt_format)
+    chosen, rejected = _field(row, "chosen", "preference"), _field(row, "rejected", "preference")
+    prompt = row.get("prompt")
+    if _is_conversation(chosen) and _is_conversation(rejected):
+        chosen, rejected = clean_messages(chosen), clean_messages(rejected)
+        try:
+            chosen_context, _ = split_conversation(chosen)
+            rejected_context, _ = split_conversation(rejected)
+        except ValueError as exc:
+            raise DataError(f"Invalid preference row: {exc}") from None
+        if not chosen_context and not rejected_context:
+            # The conversations start at the answer: the prompt comes from the `prompt` column.
+            if prompt is None:
+                raise DataError(
+                    "Preference row without prompt: chosen/rejected hold only the answers and there is no `prompt`."
+                )
+            if isinstance(prompt, list):
+                prompt_turns = clean_messages(prompt)
+            else:
+                prompt_turns = [{"role": "user", "content": prompt}]
+        else:
+            # The shared turns before the last answers are the prompt (as TRL's `extract_prompt`, but never eating
+            # into an answer when chosen and rejected are identical).
+            shared = 0
+            limit = min(len(chosen_context), len(rejected_context))
+            while shared < limit and chosen[shared] == rejected[shared]:
+                shared += 1
+            prompt_turns, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+        if prompt_format == "chat_template":
+            return {"prompt": with_system(prompt_turns, system_prompt), "chosen": chosen, "rejected": rejected}
+        if len(chosen) != 1 or len(rejected) != 1:
+            raise DataError(
+                "Cannot render a preference row with the Alpaca prompt: chosen and rejected differ in more than their "
+                "last assistant turn."
+            )
+        try:
+            instruction, input_, _ = conversation_to_alpaca([*prompt_turns, chosen[0]])
+        except ValueError as exc:
+            raise DataError(f"Cannot render a preference row with the Alpaca prompt: {exc}") from None
+        return {
+            "prompt": alpaca_prompt(instruction, input_),
+            "chosen": alpaca_completion(chosen[0]["content"]),
+            "rejected": alpaca_completion(rejected[0]["content"]),
+        }
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        if isinstance(prompt, str):
+            return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+        from trl.data_utils import extract_prompt
+
+        return extract_prompt({"chosen": chosen, "rejected": rejected})
+    raise DataError(
+        "Preference row with `chosen`/`rejected` of different kinds: both must be conversations or both strings."
+    )

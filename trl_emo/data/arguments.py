@@ -1,0 +1,75 @@
+"""`DataArguments`: how to read and format the dataset named by TRL's `ScriptArguments`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adapters import PROMPT_FORMATS
+from .schemas import SCHEMA_NAMES
+
+
+@dataclass
+class DataArguments:
+    r"""
+    Dataset options of `trl_emo`, parsed next to TRL's `ScriptArguments` (which holds `dataset_name`,
+    `dataset_config`, `dataset_train_split` and `dataset_test_split`).
+
+    Args:
+        dataset_schema (`str`, *optional*, defaults to `"auto"`):
+            Schema of the source data: `"alpaca"` (Alpaca-GPT4), `"evol_instruct"` (Recycled Evol-Instruct, nested
+            `data` struct), `"ultrafeedback"` (UltraFeedback binarized), `"metamath"` (MetaMathQA), `"magicoder"`
+            (Magicoder-OSS-Instruct), the generic TRL formats `"prompt_completion"`, `"messages"` and `"text"`, or
+            `"preference"` (DPO only). `"auto"` detects it from the column names.
+        prompt_format (`str`, *optional*, defaults to `"auto"`):
+            How instructions are presented to the model: `"chat_template"` (the tokenizer's chat template, one user
+            turn and one assistant turn), `"alpaca"` (the Alpaca prompt, for base models), or `"auto"` (the chat
+            template when the tokenizer has one, else Alpaca).
+        system_prompt (`str` or `None`, *optional*, defaults to `None`):
+            System turn prepended to every conversation formatted with the chat template (not used with the Alpaca
+            prompt, whose preamble plays that part; not added to conversations that already start with one).
+        max_train_samples (`int` or `None`, *optional*, defaults to `None`):
+            Keep only the first N training rows (no shuffling here: the trainer shuffles).
+        max_eval_samples (`int` or `None`, *optional*, defaults to `None`):
+            Keep only the first N evaluation rows.
+    """
+
+    dataset_schema: str = field(
+        default="auto",
+        metadata={
+            "help": "Schema of the source data, or 'auto' to detect it from the column names.",
+            "choices": list(SCHEMA_NAMES),
+        },
+    )
+    prompt_format: str = field(
+        default="auto",
+        metadata={
+            "help": "'chat_template', 'alpaca' (the Alpaca prompt for base models), or 'auto': the chat template when "
+            "the tokenizer has one, else Alpaca.",
+            "choices": list(PROMPT_FORMATS),
+        },
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "Optional system turn prepended to conversations formatted with the chat template."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training rows (for quick runs)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N evaluation rows."}
+    )
+
+    def __post_init__(self):
+        # Values from a YAML recipe do not go through argparse's `choices`, so check them here too.
+        if self.dataset_schema not in SCHEMA_NAMES:
+            raise ValueError(
+                f"Invalid dataset_schema {self.dataset_schema!r}; valid values: {', '.join(SCHEMA_NAMES)}."
+            )
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"Invalid prompt_format {self.prompt_format!r}; valid values: {', '.join(PROMPT_FORMATS)}."
+            )
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")

@@ -1,0 +1,19 @@
+"""Best-of-n evaluation with a reward model, diversity and GSM8K metrics (`python -m trl_emo.evaluate`).
+
+Modules: `config` (EvalConfig), `prompts` (prompt sets), `generation` (HF generate / vLLM),
+`scoring` (reward model), `metrics` (pure metric functions), `embeddings` (all-MiniLM-L6-v2),
+`loading` (devices, dtypes, LoRA adapters), `cache` (JSONL cache and resume),
+`report` (summary.json / summary.md / bon.png),
+`pipeline` (the whole run), `cli` (`main`).
+"""
+
+from .config import EvalConfig, EvaluationError
+
+__all__ = ["EvalConfig", "EvaluationError", "run_evaluation"]
+
+
+def run_evaluation(config: EvalConfig) -> dict:
+    """Run or resume the evaluation; see `trl_emo.evaluation.pipeline.run_evaluation`."""
+    from .pipeline import run_evaluation as run
+
+    return run(config)

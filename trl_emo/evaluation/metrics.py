@@ -1,0 +1,292 @@
+"""The evaluation's metrics, as pure functions of rewards, texts and embeddings.
+
+No model is loaded here; every function can be checked by hand on a few numbers or strings.
+Conventions: a "reward matrix" is one list of `n` rewards per prompt, in sample order; rates and
+diversities are reported ×100 like the GEM paper.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+
+# --------------------------------------------------------------------------------------------
+# Best-of-n and mean-of-n
+# --------------------------------------------------------------------------------------------
+
+
+def _check_k(n: int, k: int) -> None:
+    if n < 1:
+        raise ValueError("need at least one sample")
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in [1, {n}], got {k}")
+
+
+def max_of_k_weights(n: int, k: int) -> np.ndarray:
+    """Weights w with E[max of a uniform random k-subset] = Σ_i w[i] · r_(i) for r sorted ascending.
+
+    The i-th smallest value (1-based) is the maximum of exactly C(i-1, k-1) of the C(n, k) subsets.
+    The ratio is taken between exact integers, which Python divides with correct rounding, so large
+    n (where the binomials overflow floats) stays exact.
+    """
+    _check_k(n, k)
+    total = math.comb(n, k)
+    return np.array([math.comb(i - 1, k - 1) / total if i >= k else 0.0 for i in range(1, n + 1)])
+
+
+def bon_unbiased(values: Sequence[float], k: int) -> float:
+    """Expected best of `k` samples drawn without replacement from `values` (all k-subsets averaged)."""
+    ordered = np.sort(np.asarray(values, dtype=float))
+    return float(max_of_k_weights(len(ordered), k) @ ordered)
+
+
+def bon_first_k(values: Sequence[float], k: int) -> float:
+    """Best of the first `k` samples (the reference code's estimator: unbiased too, but noisier)."""
+    _check_k(len(values), k)
+    return float(max(values[:k]))
+
+
+def mean_unbiased(values: Sequence[float], k: int) -> float:
+    """Expected mean of a random k-subset: the mean of all samples, whatever `k`."""
+    _check_k(len(values), k)
+    return float(np.mean(values))
+
+
+def mean_first_k(values: Sequence[float], k: int) -> float:
+    """Mean of the first `k` samples."""
+    _check_k(len(values), k)
+    return float(np.mean(values[:k]))
+
+
+def _average_over_prompts(matrix: Sequence[Sequence[float]], ks: Sequence[int], fn) -> list[float]:
+    if not matrix:
+        raise ValueError("no prompts")
+    return [float(np.mean([fn(row, k) for row in matrix])) for k in ks]
+
+
+def bon_curve(matrix: Sequence[Sequence[float]], ks: Sequence[int]) -> dict:
+    """BoN@k for each k, averaged over prompts, with both estimators."""
+    return {
+        "k": list(ks),
+        "unbiased": _average_over_prompts(matrix, ks, bon_unbiased),
+        "first_k": _average_over_prompts(matrix, ks, bon_first_k),
+    }
+
+
+def mean_curve(matrix: Sequence[Sequence[float]], ks: Sequence[int]) -> dict:
+    """mean@k for each k, averaged over prompts, with both estimators."""
+    return {
+        "k": list(ks),
+        "unbiased": _average_over_prompts(matrix, ks, mean_unbiased),
+        "first_k": _average_over_prompts(matrix, ks, mean_first_k),
+    }
+
+
+def sigmoid(x: float) -> float:
+    # Split by sign so exp never overflows for large reward gaps.
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+def win_rate_curve(matrix: Sequence[Sequence[float]], reference: Sequence[float], ks: Sequence[int]) -> dict:
+    """Bradley–Terry win rate (×100) of the best-of-k response against the reference response.
+
+    P(win) = sigmoid(r(x, y) − r(x, y_ref)). The sigmoid is increasing, so the best-of-k response by
+    reward is also the one with the highest win probability and the BoN estimators apply to the
+    per-sample win probabilities unchanged. k = 1 with the unbiased estimator is the mean win rate
+    over all samples.
+    """
+    if len(matrix) != len(reference):
+        raise ValueError(f"{len(matrix)} prompts but {len(reference)} reference rewards")
+    probs = [[sigmoid(r - ref) for r in row] for row, ref in zip(matrix, reference)]
+    curve = bon_curve(probs, ks)
+    return {key: curve["k"] if key == "k" else [100 * v for v in curve[key]] for key in ("k", "unbiased", "first_k")}
+
+
+# --------------------------------------------------------------------------------------------
+# Diversity
+# --------------------------------------------------------------------------------------------
+
+# Words (letters/digits/underscore runs) and single punctuation marks, case kept. Needs no
+# downloaded data, unlike nltk's tokenizers.
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def ngrams(tokens: Sequence[str], order: int) -> list[tuple[str, ...]]:
+    return [tuple(tokens[i : i + order]) for i in range(len(tokens) - order + 1)]
+
+
+def distinct_n(texts: Sequence[str], order: int) -> float:
+    """Distinct n-grams / all n-grams, pooled over `texts`, ×100 (0 when there is no n-gram at all)."""
+    pooled = [gram for text in texts for gram in ngrams(words(text), order)]
+    return 100.0 * len(set(pooled)) / len(pooled) if pooled else 0.0
+
+
+def ngram_diversity(texts: Sequence[str], orders: Sequence[int] = (1, 2, 3)) -> float:
+    """The GEM paper's n-gram diversity: `distinct_n` averaged over n = 1, 2, 3 (×100)."""
+    return float(np.mean([distinct_n(texts, order) for order in orders]))
+
+
+def cross_sample_distinct_n(texts: Sequence[str], order: int) -> float:
+    """How much the samples' n-gram sets differ from each other, ×100: 0 = identical, 100 = disjoint.
+
+    With G_i the set of distinct n-grams of sample i: (|∪ G_i| − max |G_i|) / (Σ |G_i| − max |G_i|).
+    Unlike pooled distinct-n, it ignores repetition inside one response and is exactly 0 when all
+    samples are the same. `None` when it is undefined (fewer than two samples with n-grams).
+    """
+    sets = [set(ngrams(words(text), order)) for text in texts]
+    largest = max((len(s) for s in sets), default=0)
+    room = sum(len(s) for s in sets) - largest
+    if room == 0:
+        # Every sample but one is empty: nothing to compare. Identical non-empty samples have room > 0.
+        return None
+    return 100.0 * (len(set().union(*sets)) - largest) / room
+
+
+def cross_sample_ngram_diversity(texts: Sequence[str], orders: Sequence[int] = (1, 2, 3)) -> float | None:
+    values = [cross_sample_distinct_n(texts, order) for order in orders]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+_BLEU = None
+
+
+def _bleu():
+    # Effective order: responses shorter than four tokens still get a meaningful score instead of
+    # a 0 caused by an empty 4-gram count.
+    global _BLEU
+    if _BLEU is None:
+        from sacrebleu.metrics import BLEU
+
+        _BLEU = BLEU(effective_order=True)
+    return _BLEU
+
+
+def self_bleu(texts: Sequence[str]) -> float | None:
+    """Mean over i of sentence BLEU(texts[i], references = all other texts), 0–100.
+
+    `BLEU.sentence_score(hyp, refs)` scores one hypothesis against every reference in `refs`
+    (sacrebleu builds the multi-reference streams `[[r] for r in refs]`), with effective order.
+    `None` with fewer than two texts.
+    """
+    if len(texts) < 2:
+        return None
+    bleu = _bleu()
+    scores = [bleu.sentence_score(hyp, list(texts[:i]) + list(texts[i + 1 :])).score for i, hyp in enumerate(texts)]
+    return float(min(100.0, np.mean(scores)))
+
+
+def self_bleu_diversity(texts: Sequence[str]) -> float | None:
+    """100 − self-BLEU: 0 when all samples are identical."""
+    score = self_bleu(texts)
+    return None if score is None else max(0.0, 100.0 - score)
+
+
+def embedding_diversity(embeddings) -> float | None:
+    """100 × (1 − mean pairwise cosine similarity) over the rows of `embeddings` (i < j pairs)."""
+    matrix = np.asarray(embeddings, dtype=np.float64)
+    count = matrix.shape[0]
+    if count < 2:
+        return None
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    unit = matrix / np.clip(norms, 1e-12, None)
+    cosine = unit @ unit.T
+    upper = cosine[np.triu_indices(count, k=1)]
+    return float(max(0.0, 100.0 * (1.0 - upper.mean())))
+
+
+def mean_ignoring_none(values) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+# --------------------------------------------------------------------------------------------
+# GSM8K
+# --------------------------------------------------------------------------------------------
+
+_ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
+_GOLD_MARK = "####"
+_DECIMAL = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
+# First signed integer / decimal / fraction; a `$` may sit between the sign and the digits.
+_NUMBER = re.compile(rf"(?P<sign>[-+−]?)\s*\$?\s*(?P<num>{_DECIMAL})(?:\s*/\s*(?P<den>{_DECIMAL}))?")
+
+
+def parse_number(text: str) -> str | None:
+    """The first number in `text`, canonical (`"1234"`, `"-7"`, `"3/4"`, `"2.5"` → `"5/2"`), or None."""
+    match = _NUMBER.search(text)
+    if match is None:
+        return None
+    try:
+        value = Fraction(match["num"].replace(",", ""))
+        if match["den"] is not None:
+            value /= Fraction(match["den"].replace(",", ""))
+    except ZeroDivisionError:
+        return None
+    if match["sign"] in ("-", "−"):
+        value = -value
+    return str(value)
+
+
+def extract_answer(text: str) -> str | None:
+    """Final answer of a GSM8K/MetaMath-style response, canonical, or None.
+
+    The first number after the last `The answer is` (any case); without one, after the last `####`
+    (the gold answers' format). Commas are dropped; `18`, `18.0` and `36/2` are the same answer.
+    """
+    for marker in (_ANSWER_IS, re.compile(re.escape(_GOLD_MARK))):
+        found = list(marker.finditer(text))
+        if found:
+            return parse_number(text[found[-1].end() :])
+    return None
+
+
+def majority_vote(answers: Sequence[str | None]) -> str | None:
+    """Most frequent non-None answer; ties go to the answer seen first."""
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == best)
+
+
+def pass_at_k_unbiased(num_samples: int, num_correct: int, k: int) -> float:
+    """1 − C(n−c, k) / C(n, k): the chance that a random k-subset holds a correct sample."""
+    _check_k(num_samples, k)
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+def gsm8k_metrics(
+    answers: Sequence[Sequence[str | None]],
+    gold: Sequence[str | None],
+    ks: Sequence[int],
+    greedy: Sequence[str | None] | None = None,
+) -> dict:
+    """Greedy accuracy, MV@k and pass@k (first-k and unbiased), ×100, over prompts with a gold answer."""
+    kept = [i for i, g in enumerate(gold) if g is not None]
+    if not kept:
+        raise ValueError("no prompt has a gold answer")
+    rows = [(answers[i], gold[i], None if greedy is None else greedy[i]) for i in kept]
+    out = {"k": list(ks), "num_prompts": len(rows)}
+    if greedy is not None:
+        out["greedy_accuracy"] = 100.0 * float(np.mean([gr == g for _, g, gr in rows]))
+    out["mv"] = [100.0 * float(np.mean([majority_vote(row[:k]) == g for row, g, _ in rows])) for k in ks]
+    out["pass_first_k"] = [100.0 * float(np.mean([g in row[:k] for row, g, _ in rows])) for k in ks]
+    out["pass_unbiased"] = [
+        100.0 * float(np.mean([pass_at_k_unbiased(len(row), sum(a == g for a in row), k) for row, g, _ in rows]))
+        for k in ks
+    ]
+    out["sample_accuracy"] = 100.0 * float(np.mean([np.mean([a == g for a in row]) for row, g, _ in rows]))
+    return out

@@ -1,0 +1,269 @@
+"""Loading the prompt set: Hub id or local file, AlpacaEval / UltraFeedback / messages / GSM8K layouts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+from .config import EvalConfig, EvaluationError
+from .metrics import extract_answer, parse_number
+
+PROMPT_COLUMNS = ("messages", "prompt", "instruction", "question")
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
+
+
+
+@dataclass
+class PromptExample:
+    """One prompt: the conversation to answer, plus what some metrics compare against."""
+
+    index: int
+    id: str
+    messages: list[dict]
+    # Alpaca fields, kept apart so base models get the Alpaca prompt they were trained on, input block included.
+    instruction: str
+    input: str = ""
+    reference: str | None = None
+    gold: str | None = None
+
+
+@dataclass
+class PromptSet:
+    examples: list[PromptExample]
+    source: dict = field(default_factory=dict)
+
+    @property
+    def has_references(self) -> bool:
+        return any(e.reference is not None for e in self.examples)
+
+    @property
+    def has_gold(self) -> bool:
+        return any(e.gold is not None for e in self.examples)
+
+    def fingerprint(self) -> str:
+        payload = [[e.messages, e.instruction, e.input, e.reference, e.gold] for e in self.examples]
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_local(path: str) -> bool:
+    return os.path.exists(path) or path.endswith(LOCAL_SUFFIXES) or path.startswith((".", "/", "~"))
+
+
+def read_rows(source: str, config_name: str | None = None, split: str | None = None) -> list[dict]:
+    """Rows of a local json/jsonl/parquet/csv file, a `save_to_disk` folder, or a Hub dataset split."""
+    path = os.path.expanduser(source)
+    if is_local(source):
+        if not os.path.exists(path):
+            raise EvaluationError(f"Prompt file not found: {source}")
+        if os.path.isdir(path):
+            import datasets
+
+            loaded = datasets.load_from_disk(path)
+            return _pick_split(loaded, split, source) if isinstance(loaded, datasets.DatasetDict) else list(loaded)
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as handle:
+                return [json.loads(line) for line in handle if line.strip()]
+        if path.endswith(".json"):
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                # Some ".json" files are JSON lines.
+                return [json.loads(line) for line in text.splitlines() if line.strip()]
+            if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+                data = next(iter(data.values()))
+            if not isinstance(data, list):
+                raise EvaluationError(f"{source}: expected a JSON list of objects.")
+            return data
+        # Read directly rather than through `datasets.load_dataset`, which would copy the file into its cache.
+        if path.endswith(".parquet"):
+            import pyarrow.parquet
+
+            return pyarrow.parquet.read_table(path).to_pylist()
+        if path.endswith(".csv"):
+            import csv
+
+            with open(path, encoding="utf-8", newline="") as handle:
+                return list(csv.DictReader(handle))
+        raise EvaluationError(f"{source}: unsupported file type; use one of {', '.join(LOCAL_SUFFIXES)}.")
+    import datasets
+
+    try:
+        if split is None:
+            # Ask for the split names first: downloading every split of a large set to use one is wasteful.
+            names = datasets.get_dataset_split_names(source, config_name)
+            split = _pick_split_name(names, None, source)
+        return list(datasets.load_dataset(source, config_name, split=split))
+    except EvaluationError:
+        raise
+    except Exception as exc:  # offline, unknown id or split, script-based repo...
+        raise EvaluationError(f"Could not load the prompt set {source!r} from the Hub: {exc}") from exc
+
+
+def _pick_split(loaded, split: str | None, source: str) -> list[dict]:
+    return list(loaded[_pick_split_name(list(loaded.keys()), split, source)])
+
+
+def _pick_split_name(names: list[str], split: str | None, source: str) -> str:
+    if split is None:
+        if len(names) == 1:
+            split = names[0]
+        elif "test" in names:
+            split = "test"
+        else:
+            raise EvaluationError(f"{source} has splits {names}; choose one with `prompts_split`.")
+    if split not in names:
+        raise EvaluationError(f"{source} has no split {split!r}; it has {names}.")
+    return split
+
+
+def _last_assistant(messages) -> str | None:
+    for message in reversed(messages or []):
+        if message.get("role") == "assistant":
+            return message.get("content")
+    return None
+
+
+def _as_messages(value, column: str, index: int) -> list[dict]:
+    if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        raise EvaluationError(f"Row {index}: column {column!r} must be a list of {{role, content}} messages.")
+    messages = [{"role": m["role"], "content": m["content"]} for m in value]
+    # The conversation must end on the user's turn: that is what the policy answers.
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    if not messages:
+        raise EvaluationError(f"Row {index}: column {column!r} has no user turn.")
+    return messages
+
+
+def _reference(value, column: str, index: int) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return _last_assistant(value)
+    raise EvaluationError(
+        f"Row {index}: reference column {column!r} must hold text or messages, got {type(value).__name__}."
+    )
+
+
+def load_prompt_set(config: EvalConfig) -> PromptSet:
+    rows = read_rows(config.prompts, config.prompts_config, config.prompts_split)
+    if not rows:
+        raise EvaluationError(f"The prompt set {config.prompts!r} is empty.")
+    if config.max_prompts is not None:
+        rows = rows[: config.max_prompts]
+    columns = list(rows[0].keys())
+
+    prompt_column = config.prompt_column
+    if prompt_column is None:
+        prompt_column = next((c for c in PROMPT_COLUMNS if c in columns), None)
+        if prompt_column is None:
+            raise EvaluationError(
+                f"No prompt column in {config.prompts!r}: it has columns {columns}; accepted are "
+                f"{', '.join(PROMPT_COLUMNS)} (or name one with `prompt_column`)."
+            )
+    named = {
+        "prompt_column": prompt_column,
+        "reference_column": config.reference_column,
+        "answer_column": config.answer_column,
+    }
+    for name, column in named.items():
+        if column is not None and column not in columns:
+            raise EvaluationError(
+                f"{name} {column!r} is not a column of {config.prompts!r}; it has columns {columns}."
+            )
+
+    answer_column = config.answer_column
+    if answer_column is None and "answer" in columns:
+        # GSM8K's gold answers end with `#### X`; an `answer` column of free text is not a gold answer.
+        if any(isinstance(r.get("answer"), str) and "####" in r["answer"] for r in rows):
+            answer_column = "answer"
+
+    examples = []
+    for index, row in enumerate(rows):
+        value = row.get(prompt_column)
+        extra_input = row.get("input") if prompt_column == "instruction" else None
+        extra_input = extra_input if isinstance(extra_input, str) else ""
+        if isinstance(value, list):
+            messages = _as_messages(value, prompt_column, index)
+            # As in training (`trl_emo.data.prompts.conversation_to_alpaca`): the last user turn is the
+            # instruction, earlier turns become the input.
+            from ..data.prompts import render_turns
+
+            users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+            last = users[-1] if users else len(messages) - 1
+            instruction = messages[last]["content"]
+            extra_input = render_turns(messages[:last] + messages[last + 1 :])
+        elif isinstance(value, str):
+            instruction = value
+            content = f"{value}\n\n{extra_input}" if extra_input else value
+            messages = [{"role": "user", "content": content}]
+        else:
+            raise EvaluationError(
+                f"Row {index}: prompt column {prompt_column!r} must be text or messages, got {type(value).__name__}."
+            )
+        reference = None
+        if config.reference_column:
+            reference = _reference(row.get(config.reference_column), config.reference_column, index)
+        gold = None
+        if answer_column is not None and row.get(answer_column) is not None:
+            gold_text = str(row[answer_column])
+            gold = extract_answer(gold_text)
+            if gold is None:
+                # A bare number (e.g. `answer: "42"`) is a gold answer too.
+                gold = parse_number(gold_text)
+        prompt_id = row.get("prompt_id", row.get("id", index))
+        examples.append(
+            PromptExample(
+                index=index,
+                id=str(prompt_id),
+                messages=messages,
+                instruction=instruction,
+                input=extra_input,
+                reference=reference,
+                gold=gold,
+            )
+        )
+    if config.reference_column and not any(e.reference is not None for e in examples):
+        raise EvaluationError(f"reference_column {config.reference_column!r} holds no reference response.")
+    # Absolute for local files, so the cache fingerprint does not depend on the working directory.
+    location = os.path.abspath(os.path.expanduser(config.prompts)) if is_local(config.prompts) else config.prompts
+    source = {
+        "prompts": location,
+        "config": config.prompts_config,
+        "split": config.prompts_split,
+        "prompt_column": prompt_column,
+        "reference_column": config.reference_column,
+        "answer_column": answer_column,
+        "num_prompts": len(examples),
+    }
+    return PromptSet(examples=examples, source=source)
+
+
+def render_policy_prompt(tokenizer, example: PromptExample, prompt_format: str = "auto") -> str:
+    """The text the policy continues: its chat template, or the Alpaca prompt for base models."""
+    use_chat = prompt_format == "chat" or (prompt_format == "auto" and getattr(tokenizer, "chat_template", None))
+    if use_chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise EvaluationError("prompt_format is 'chat' but the policy's tokenizer has no chat template.")
+        return tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True)
+    # The training side's own function, so evaluation prompts match the fine-tuning prompts exactly.
+    from ..data.prompts import alpaca_prompt
+
+    return alpaca_prompt(example.instruction, example.input)
+
+
+def encode_once(tokenizer, text: str, **kwargs):
+    """Tokenize `text`, letting the tokenizer add special tokens unless the text already starts with BOS.
+
+    Chat templates usually write the BOS token themselves; tokenizing their output with special
+    tokens on would give two BOS tokens, which shifts rewards and generations.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = not (bos and text.startswith(bos))
+    return tokenizer(text, add_special_tokens=add_special, **kwargs)
