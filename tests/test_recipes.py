@@ -12,7 +12,8 @@ from data_fixtures import fixture_rows, write_fixture
 from trl_emo import dpo, sft
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith("dpo_"))
+SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("dpo_", "eval_")))
+EVAL_RECIPES = sorted(RECIPES.glob("eval_*.yaml"))
 DPO_RECIPES = sorted(RECIPES.glob("dpo_*.yaml"))
 
 
@@ -83,6 +84,15 @@ def test_dpo_recipe_dry_runs(recipe, tiny_models, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--- pair 2 ---" in out and "[chosen]" in out and "[rejected]" in out
     assert "train_prefs" in out
+
+
+@pytest.mark.parametrize("recipe", EVAL_RECIPES, ids=[p.stem for p in EVAL_RECIPES])
+def test_evaluation_recipe_parses(recipe):
+    from trl_emo.cli_utils import parse_config
+    from trl_emo.evaluation.config import EvalConfig
+
+    (config,) = parse_config([EvalConfig], ["--recipe", str(recipe)])
+    assert set(config.policies) == {"ce", "gem"} and config.n == 32 and config.temperature == 0.6
 
 
 def _write_recipe(tmp_path, **fields):

@@ -1,0 +1,262 @@
+"""Forward+backward time and peak memory of the LM-head losses, each measured in its own process.
+
+    python benchmarks/loss_bench.py --sizes 4096x32000x512 16384x32000x256 --device cpu
+    python benchmarks/loss_bench.py --sizes 16384x128256x4096 --device cuda --dtype bfloat16
+
+Variants (`--variants`):
+  trl_nll         TRL 1.16's fused head kernel (`ChunkedLogProbFunction`), as its SFTTrainer calls it
+                  (log-probs + entropy + top-1, `-sum(log_probs) / N`): the baseline of every ratio.
+  trl_nll_logits  plain logits + `torch.nn.functional.cross_entropy` (what TRL avoids).
+  <loss>          trl_emo's fused path (`fused_linear_loss`): nll, gem, gem_ls (h=logsigmoid), emo,
+                  emo_live (cost = the live head), tailr, mixce, ce_entropy.
+  logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
+  trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
+                  plus a no-grad pass at temperature 1 for the logged cross-entropy and entropy.
+
+Memory is the peak *extra* memory of one forward+backward over the inputs (hidden, head, targets
+and EMO's cost table already allocated): peak RSS minus RSS before the call on CPU,
+`max_memory_allocated` minus allocated before the call on CUDA. Time is the median of `--repeats`
+calls after that first one. Every variant runs in a fresh process, so no allocator state leaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+
+VARIANTS = [
+    "trl_nll", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live", "tailr", "mixce", "ce_entropy",
+    "trl_gem_tempered", "logits_gem", "logits_emo",
+]
+LOSS_ARGS = {
+    "nll": ("nll", {}),
+    "gem": ("gem", {"beta": 0.7, "h": "linear"}),
+    "gem_ls": ("gem", {"beta": 0.7, "h": "logsigmoid"}),
+    "emo": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
+    "emo_live": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
+    "tailr": ("tailr", {"gamma": 0.8}),
+    "mixce": ("mixce", {"gamma": 0.8}),
+    "ce_entropy": ("ce_entropy", {"coef": 0.1}),
+}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_step(variant, hidden, weight, targets, cost):
+    """A closure running one forward+backward of `variant`."""
+    import torch
+
+    from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
+
+    n = hidden.shape[0]
+    if variant in ("trl_nll", "trl_gem_tempered"):
+        from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+        outputs = ("log_probs", "entropy", "is_top1")
+        temperature = 0.7 if variant == "trl_gem_tempered" else 1.0
+
+        def step():
+            logp, *_ = ChunkedLogProbFunction.apply(
+                hidden, weight, None, targets, temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs
+            )
+            loss = -logp.sum() / n * temperature
+            loss.backward()
+            if variant == "trl_gem_tempered":
+                with torch.no_grad():  # the cross-entropy and entropy the trainer logs
+                    ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)
+            return loss
+
+        return step
+    if variant == "trl_nll_logits":
+        def step():
+            logits = hidden @ weight.t()
+            loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+            loss.backward()
+            return loss
+
+        return step
+    if variant.startswith("logits_"):
+        name, hparams = LOSS_ARGS[variant[len("logits_"):]]
+        spec = get_loss(name)
+        if spec.uses_cost_embedding:
+            hparams = {**hparams, "cost_embedding": CostEmbedding(cost)}
+
+        def step():
+            logits = (hidden @ weight.t()).float()
+            loss = spec.per_token(logits, targets, **hparams).sum() / n
+            loss.backward()
+            return loss
+
+        return step
+    name, hparams = LOSS_ARGS[variant]
+    spec = get_loss(name)
+    frozen = CostEmbedding(cost) if cost is not None else None
+
+    def step():
+        extra = {}
+        if spec.uses_cost_embedding:
+            extra["cost_embedding"] = CostEmbedding(weight.detach()) if variant == "emo_live" else frozen
+        out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra})
+        out.loss.backward()
+        return out.loss
+
+    return step
+
+
+def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads) -> dict:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    weight = (torch.randn(vocab, hidden_size, generator=gen) / hidden_size**0.5).to(device=device, dtype=dtype).requires_grad_(True)
+    targets = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
+    cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
+    step = build_step(variant, hidden, weight, targets, cost)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    sync()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_bytes()
+    start = time.perf_counter()
+    loss = step()
+    sync()
+    first = time.perf_counter() - start
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _peak_rss_bytes()) - base
+    times = []
+    for _ in range(repeats):
+        hidden.grad = weight.grad = None
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {
+        "variant": variant,
+        "loss": float(loss),
+        "seconds": statistics.median(times) if times else first,
+        "first_seconds": first,
+        "peak_extra_bytes": int(peak),
+    }
+
+
+def run_isolated(variant, size, args) -> dict:
+    tokens, vocab, hidden = size
+    cmd = [sys.executable, __file__, "--_worker", variant, f"{tokens}x{vocab}x{hidden}", "--dtype", args.dtype,
+           "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads or 0)]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if result.returncode != 0:
+        return {"variant": variant, "error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def machine_description(device) -> str:
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    cores = os.cpu_count()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}, {cores} cores, torch {torch.__version__} (CPU)"
+
+
+def format_table(size, rows) -> str:
+    tokens, vocab, hidden = size
+    base = next((r for r in rows if r["variant"] == "trl_nll" and "error" not in r), None)
+    unit = 1e3 if base and base["seconds"] < 1 else 1.0
+    unit_name = "ms" if unit == 1e3 else "s"
+    lines = [
+        f"**{tokens:,} tokens x {vocab:,} vocab x {hidden:,} hidden**",
+        "",
+        f"| variant | time ({unit_name}) | time / TRL nll | peak extra memory (GiB) | memory / TRL nll |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error'][:60]} | | | |")
+            continue
+        t_ratio = r["seconds"] / base["seconds"] if base else float("nan")
+        m_ratio = r["peak_extra_bytes"] / base["peak_extra_bytes"] if base else float("nan")
+        lines.append(
+            f"| {r['variant']} | {r['seconds'] * unit:.{0 if unit == 1e3 else 2}f} | {t_ratio:.2f} | "
+            f"{r['peak_extra_bytes'] / 2**30:.2f} | {m_ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_size(text):
+    tokens, vocab, hidden = (int(x.replace(",", "").replace("_", "")) for x in text.lower().split("x"))
+    return tokens, vocab, hidden
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["4096x32000x512", "16384x32000x256"], help="TOKENSxVOCABxHIDDEN")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first (memory) call")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args._worker:
+        variant, size = args._worker
+        print(json.dumps(worker(variant, *parse_size(size), args.dtype, args.device, args.repeats, args.threads)))
+        return 0
+
+    command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
+          f"Command: `{command}`  \nDtype: {args.dtype}; median of {args.repeats} forward+backward calls after the first.\n",
+          flush=True)
+    raw = {}
+    for size_text in args.sizes:
+        size = parse_size(size_text)
+        rows = []
+        for variant in args.variants:
+            rows.append(run_isolated(variant, size, args))
+            print(f"  {size_text} {variant}: {rows[-1]}", file=sys.stderr, flush=True)
+        raw[size_text] = rows
+        print(format_table(size, rows) + "\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": machine_description(args.device), "command": command, "date": date.today().isoformat(),
+                       "dtype": args.dtype, "results": raw}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
