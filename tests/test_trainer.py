@@ -285,3 +285,32 @@ def test_plain_trl_config_is_accepted(tmp_path, make_model, tokenizer, pc_datase
     args = TRLConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=1, report_to="none", gradient_checkpointing=False)
     trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
     assert trainer.args.loss_type == "nll" and hasattr(trainer.args, "gem_beta")
+
+
+def _scaled_models(tokenizer):
+    """Tiny models whose logits are soft-capped (Gemma-2) or scaled (Cohere, Granite) after the head."""
+    from transformers import CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    return {
+        "gemma2-softcap": lambda: Gemma2ForCausalLM(Gemma2Config(head_dim=8, final_logit_softcapping=3.0, **common)),
+        "cohere-logit_scale": lambda: CohereForCausalLM(CohereConfig(logit_scale=0.5, **common)),
+        "granite-logits_scaling": lambda: GraniteForCausalLM(GraniteConfig(logits_scaling=4.0, **common)),
+    }
+
+
+@pytest.mark.parametrize("arch", ["gemma2-softcap", "cohere-logit_scale", "granite-logits_scaling"])
+def test_fused_respects_logit_scaling_and_softcapping(tmp_path, tokenizer, pc_dataset, arch):
+    """The fused loss reproduces the model's own logits (scaled / soft-capped after the head)."""
+    build = _scaled_models(tokenizer)[arch]
+
+    def model():
+        torch.manual_seed(0)
+        return build().float()
+
+    common = dict(loss_type="gem", gem_h="logsigmoid", max_steps=2)
+    _, fused_losses = _run(tmp_path, model, tokenizer, pc_dataset, "fused", loss_implementation="fused", **common)
+    _, ref_losses = _run(tmp_path, model, tokenizer, pc_dataset, "logits", loss_implementation="logits", **common)
+    assert torch.allclose(torch.tensor(fused_losses), torch.tensor(ref_losses), rtol=1e-5)
