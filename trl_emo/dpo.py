@@ -138,7 +138,7 @@ def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, da
 def main(argv=None) -> int:
     from .cli_utils import parse_config
     from .data import DataError, load_dpo_datasets
-    from .sft import model_init_kwargs, resolve_resume
+    from .sft import model_loading_kwargs, resolve_resume
 
     try:
         script_args, training_args, model_args, data_args, run_args = parse_config(dataclass_types(), argv)
@@ -168,18 +168,15 @@ def main(argv=None) -> int:
         print(f"trl_emo.dpo: error: {exc}", file=sys.stderr)
         return 2
 
-    from trl import DPOTrainer, get_peft_config
+    from trl import DPOTrainer
 
-    init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
-    training_args.model_init_kwargs = init_kwargs
     trainer = DPOTrainer(
         model=policy,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        quantization_config=quantization_config,
-        peft_config=get_peft_config(model_args),
+        **model_loading_kwargs(model_args, training_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)

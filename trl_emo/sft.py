@@ -197,6 +197,15 @@ def kbit_device_map():
     return None
 
 
+def model_loading_kwargs(model_args, training_args) -> dict:
+    """Set `training_args.model_init_kwargs` from `model_args`; return the trainer's quantization/PEFT arguments."""
+    from trl import get_peft_config
+
+    init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
+    training_args.model_init_kwargs = init_kwargs
+    return {"quantization_config": quantization_config, "peft_config": get_peft_config(model_args)}
+
+
 def model_init_kwargs(model_args, training_args):
     from trl import get_quantization_config
 
@@ -246,20 +255,15 @@ def main(argv=None) -> int:
         print(f"trl_emo.sft: error: {exc}", file=sys.stderr)
         return 2
 
-    from trl import get_peft_config
-
     from .trainer import SFTTrainer
 
-    init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
-    training_args.model_init_kwargs = init_kwargs
     trainer = SFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        quantization_config=quantization_config,
-        peft_config=get_peft_config(model_args),
+        **model_loading_kwargs(model_args, training_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_outputs(trainer, training_args.output_dir)

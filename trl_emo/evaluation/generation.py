@@ -6,6 +6,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from ..generation_eos import find_end_of_turn_token
 from .cache import JsonlCache, file_signature
 from .config import EvalConfig, EvaluationError
 from .loading import adapter_base, adapter_rank, has_tokenizer, load_tokenizer, resolve_device, resolve_dtype
@@ -57,20 +58,9 @@ def plan_batches(num_prompts: int, n: int, batch_size: int, greedy: bool = False
 
 
 def end_of_turn_token_id(tokenizer) -> int | None:
-    """The special token the chat template writes right after an assistant message, if any."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    marker = "XQZMARKERXQZ"
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
-        )
-    except Exception:  # templates that insist on other roles or fields
-        return None
-    tail = text.split(marker, 1)[-1] if marker in text else ""
-    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
-    special = set(tokenizer.all_special_ids)
-    return ids[0] if ids and ids[0] in special else None
+    """The id of the special token the chat template writes right after an assistant message, if any."""
+    token = find_end_of_turn_token(tokenizer)
+    return None if token is None else tokenizer.convert_tokens_to_ids(token)
 
 
 def stop_token_ids(tokenizer, generation_config, end_of_turn: bool) -> list[int]:
