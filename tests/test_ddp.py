@@ -1,4 +1,4 @@
-"""Two-process DDP on CPU (gloo) gives the losses and weights of one process with the same global batch."""
+"""Two processes on CPU (gloo), DDP and FSDP2, give the losses of one process with the same global batch."""
 
 from __future__ import annotations
 
@@ -13,40 +13,77 @@ import torch
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_tiny.py"
 
+FSDP2_CPU = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: FULL_STATE_DICT
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_offload_params: false
+num_machines: 1
+num_processes: 2
+machine_rank: 0
+mixed_precision: 'no'
+use_cpu: true
+"""
+
 
 def _env():
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(Path(__file__).parent))
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     return env
 
 
-@pytest.mark.parametrize("loss_type", ["emo"])
-def test_two_process_ddp_matches_one_process(tmp_path, make_model, tokenizer, loss_type):
-    model_dir = tmp_path / "model"
-    make_model().save_pretrained(str(model_dir))
-    tokenizer.save_pretrained(str(model_dir))
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    """The reference: one process, per-device batch 4, for each loss (computed once)."""
+    from conftest import CORPUS
+    from trl_emo.tiny import save_tiny_causal_lm
 
-    ddp_out = tmp_path / "ddp.json"
-    launch = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", "29517",
-        str(SCRIPT), str(model_dir), str(ddp_out), loss_type, "2", "3",
-    ]
-    result = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=300)
+    root = tmp_path_factory.mktemp("dist")
+    model_dir = save_tiny_causal_lm(CORPUS, output_dir=root / "model", vocab_size=320, hidden_size=32, intermediate_size=64)
+    cache = {}
+
+    def run(loss_type):
+        if loss_type not in cache:
+            out = root / f"single-{loss_type}.json"
+            result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, "4", "3"],
+                                    env=_env(), capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0, result.stderr[-3000:]
+            cache[loss_type] = json.loads(out.read_text())
+        return cache[loss_type]
+
+    return model_dir, root, run
+
+
+def _launch(launcher_args, model_dir, out, loss_type):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher_args, str(SCRIPT), model_dir, str(out), loss_type, "2", "3"]
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
 
-    single_out = tmp_path / "single.json"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(model_dir), str(single_out), loss_type, "4", "3"],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
 
-    ddp, single = json.loads(ddp_out.read_text()), json.loads(single_out.read_text())
-    assert ddp["num_processes"] == 2 and single["num_processes"] == 1
+def test_two_process_ddp_matches_one_process(single_process):
+    model_dir, root, single = single_process
+    ddp = _launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                   "--dynamo_backend", "no", "--main_process_port", "29517"], model_dir, root / "ddp.json", "emo")
+    reference = single("emo")
+    assert ddp["num_processes"] == 2 and reference["num_processes"] == 1
     assert len(ddp["losses"]) == 3
-    assert torch.allclose(torch.tensor(ddp["losses"]), torch.tensor(single["losses"]), rtol=1e-5)
-    assert torch.allclose(torch.tensor(ddp["cross_entropy"]), torch.tensor(single["cross_entropy"]), rtol=1e-5)
-    assert torch.allclose(torch.tensor(ddp["weights"]), torch.tensor(single["weights"]), atol=1e-5)
+    assert torch.allclose(torch.tensor(ddp["losses"]), torch.tensor(reference["losses"]), rtol=1e-5)
+    assert torch.allclose(torch.tensor(ddp["cross_entropy"]), torch.tensor(reference["cross_entropy"]), rtol=1e-5)
+    assert torch.allclose(torch.tensor(ddp["weights"]), torch.tensor(reference["weights"]), atol=1e-5)
+
+
+def test_two_process_fsdp2_matches_one_process(single_process):
+    model_dir, root, single = single_process
+    config = root / "fsdp2_cpu.yaml"
+    config.write_text(FSDP2_CPU)
+    fsdp = _launch(["--config_file", str(config), "--main_process_port", "29518"], model_dir, root / "fsdp.json", "gem")
+    reference = single("gem")
+    assert fsdp["num_processes"] == 2
+    assert torch.allclose(torch.tensor(fsdp["losses"]), torch.tensor(reference["losses"]), rtol=1e-5)
+    assert torch.allclose(torch.tensor(fsdp["cross_entropy"]), torch.tensor(reference["cross_entropy"]), rtol=1e-5)
