@@ -41,7 +41,7 @@ LOSS_ARGS = {
     "gem_ls": ("gem", {"beta": 0.7, "h": "logsigmoid"}),
     "emo": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
     "emo_live": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
-    "tailr": ("tailr", {"gamma": 0.8}),
+    "tailr": ("tailr", {"gamma": 0.8, "min_weight": None}),
     "mixce": ("mixce", {"gamma": 0.8}),
     "ce_entropy": ("ce_entropy", {"coef": 0.1}),
 }

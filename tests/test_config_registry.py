@@ -47,7 +47,7 @@ def test_every_new_field_is_documented():
     doc = SFTConfig.__doc__
     new_fields = set(f.name for f in dataclasses.fields(SFTConfig)) - set(f.name for f in dataclasses.fields(trl_emo.config._TRLSFTConfig))
     assert new_fields >= {"gem_beta", "gem_h", "emo_cost_embedding", "emo_weighting", "emo_demd", "emo_ratio_cap",
-                          "tailr_gamma", "mixce_gamma", "entropy_coef", "loss_implementation", "fused_chunk_size", "loss_kwargs"}
+                          "tailr_gamma", "tailr_min_weight", "mixce_gamma", "entropy_coef", "loss_implementation", "fused_chunk_size", "loss_kwargs"}
     for name in new_fields | {"loss_type"}:
         assert f"{name} (`" in doc, f"{name} has no docstring entry"
         assert SFTConfig.__dataclass_fields__[name].metadata.get("help"), f"{name} has no help"
@@ -64,6 +64,7 @@ def test_every_new_field_is_documented():
         ("emo_ratio_cap", -1.0, "emo_ratio_cap"),
         ("tailr_gamma", 1.2, "tailr_gamma"),
         ("mixce_gamma", -0.1, "mixce_gamma"),
+        ("tailr_min_weight", 2.0, "tailr_min_weight"),
         ("entropy_coef", float("nan"), "entropy_coef"),
         ("loss_implementation", "chunked", "loss_implementation"),
         ("fused_chunk_size", 0, "fused_chunk_size"),

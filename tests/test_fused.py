@@ -18,7 +18,8 @@ CASES = [
     ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
     ("emo", {"weighting": "emo", "demd": "paper", "ratio_cap": 3.0}),
     ("emo", {"weighting": "none", "demd": "reference", "ratio_cap": None}),
-    ("tailr", {"gamma": 0.8}),
+    ("tailr", {"gamma": 0.8, "min_weight": None}),
+    ("tailr", {"gamma": 0.7, "min_weight": 0.2}),
     ("mixce", {"gamma": 0.7}),
     ("ce_entropy", {"coef": 0.1}),
 ]

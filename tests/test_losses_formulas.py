@@ -301,3 +301,13 @@ def test_all_masked_batch_is_a_zero_that_back_propagates():
         assert loss.item() == 0.0
         (grad,) = torch.autograd.grad(loss, logits)
         assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_tailr_weight_floor(z, y):
+    p_y = torch.softmax(z.detach(), -1).gather(-1, y[:, None]).squeeze(-1)
+    nll = F.cross_entropy(z, y, reduction="none")
+    weight = (p_y / (0.8 + 0.2 * p_y)).clamp(min=0.2)
+    assert (p_y / (0.8 + 0.2 * p_y) < 0.2).any(), "the test needs positions where the floor binds"
+    assert torch.allclose(tailr_per_token(z, y, 0.8, min_weight=0.2), weight * nll, atol=1e-12)
+    expected = weight[:, None] * (torch.softmax(z.detach(), -1) - one_hot(y))
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, 0.8, min_weight=0.2), z), expected, atol=1e-12)

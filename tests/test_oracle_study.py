@@ -328,3 +328,64 @@ def test_with_temperature_divides_the_logits_even_after_a_forward_patch(tiny_pai
     with torch.no_grad():
         assert torch.allclose(tempered(input_ids=x).logits, 2 * reference, atol=1e-5)
         assert torch.allclose(patched(input_ids=x).logits, reference)
+
+
+def test_interpolate():
+    from benchmarks.oracle.metrics import interpolate
+
+    assert interpolate([0, 2, 1], [0, 20, 10], 1.5) == pytest.approx(15.0)
+    assert interpolate([0, 1], [5, 7], 0) == 5 and interpolate([0, 1], [5, 7], 1) == 7
+    assert interpolate([0, 1], [5, 7], 1.01) is None and interpolate([], [], 0) is None
+    # In log space: halfway between perplexities 4 and 16 is 8 (halfway in cross-entropy).
+    assert interpolate([0, 1], [4, 16], 0.5, log=True) == pytest.approx(8.0)
+
+
+def test_matched_entropy_differences():
+    from benchmarks.oracle.report import matched_entropy_differences
+
+    def metrics(entropy, recall):
+        from benchmarks.oracle.report import MATCHED_KEYS
+
+        return {key: 0.0 for key in MATCHED_KEYS} | {"entropy": entropy, "recall_ppl": recall, "precision_ppl": 1.0}
+
+    runs = [
+        {"student": "nll@T=0.8", "seed": 0, "metrics": metrics(2.0, 10.0)},
+        {"student": "nll", "seed": 0, "metrics": metrics(3.0, 10.0)},
+        {"student": "nll@T=1.2", "seed": 0, "metrics": metrics(4.0, 40.0)},
+        {"student": "gem", "seed": 0, "metrics": metrics(3.5, 19.0)},  # nll at entropy 3.5: 20
+        {"student": "flat", "seed": 0, "metrics": metrics(5.0, 1.0)},  # outside the curve
+        {"student": "start", "seed": 0, "metrics": metrics(3.0, 11.0)},  # a reference: not compared
+    ]
+    out = matched_entropy_differences(runs)
+    assert set(out) == {"gem", "flat"}
+    assert out["gem"]["recall_ppl"]["mean"] == pytest.approx(-1.0) and out["gem"]["recall_ppl"]["lower"] == 1
+    assert out["flat"] == {"outside": 1}
+
+
+def test_outputs_can_be_rewritten_from_results_json(quick, tmp_path):
+    from benchmarks.oracle_study import main
+
+    out, _ = quick
+    main(["--from_results", str(out / "results.json"), "--output_dir", str(tmp_path)])
+    assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
+    assert (tmp_path / "oracle_study.png").stat().st_size > 0
+
+
+def test_the_study_leaves_library_logging_as_it_found_it():
+    import datasets
+    import transformers
+
+    from benchmarks.oracle_study import _quiet
+
+    tf_logging = transformers.utils.logging
+    before = (tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    tf_logging.set_verbosity_info()
+    try:
+        with _quiet():
+            assert tf_logging.get_verbosity() == tf_logging.ERROR
+            assert not tf_logging.is_progress_bar_enabled() and not datasets.is_progress_bar_enabled()
+        assert tf_logging.get_verbosity() == tf_logging.INFO
+        assert tf_logging.is_progress_bar_enabled() == before[1]
+        assert datasets.is_progress_bar_enabled() == before[2]
+    finally:
+        tf_logging.set_verbosity(before[0])

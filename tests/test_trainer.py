@@ -314,3 +314,27 @@ def test_fused_respects_logit_scaling_and_softcapping(tmp_path, tokenizer, pc_da
     _, fused_losses = _run(tmp_path, model, tokenizer, pc_dataset, "fused", loss_implementation="fused", **common)
     _, ref_losses = _run(tmp_path, model, tokenizer, pc_dataset, "logits", loss_implementation="logits", **common)
     assert torch.allclose(torch.tensor(fused_losses), torch.tensor(ref_losses), rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["gem", "nll"])
+def test_a_deep_copy_of_the_trained_model_runs_its_own_weights(tmp_path, make_model, tokenizer, pc_dataset, loss_type):
+    """E.g. a reference model made with `copy.deepcopy` after training must not silently run the original."""
+    import copy
+
+    args = cpu_config(tmp_path, loss_type=loss_type, max_steps=1)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    trainer.train()
+    original = trainer.model
+    clone = copy.deepcopy(original)
+    with torch.no_grad():
+        clone.get_output_embeddings().weight.zero_()
+    ids = torch.tensor([tokenizer("what is 2 plus 2?")["input_ids"]])
+    labels = ids.clone()
+    with torch.no_grad():
+        assert not clone(input_ids=ids).logits.any()
+        assert original(input_ids=ids).logits.any()
+        fused = clone(input_ids=ids, labels=labels, fused_lm_head=True)
+        assert torch.allclose(fused.log_probs[0, :-1], torch.full_like(fused.log_probs[0, :-1], -torch.log(torch.tensor(float(len(tokenizer))))))
+        if loss_type == "gem":
+            out = clone(input_ids=ids, labels=labels, trl_emo_loss=True)
+            assert torch.allclose(out.nll, torch.full_like(out.nll, float(torch.log(torch.tensor(float(len(tokenizer)))))))

@@ -63,6 +63,10 @@ class SFTConfig(_TRLSFTConfig):
             default.
         tailr_gamma (`float`, *optional*, defaults to `0.8`):
             TaiLr's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
+        tailr_min_weight (`float`, *optional*):
+            Floor on TaiLr's weight `p_y / (gamma + (1 - gamma) p_y)`. None (default) is the EMO paper's eq. 16;
+            the EMO authors' script uses `0.2`. Without a floor, tokens the model finds unlikely get almost no
+            gradient and TaiLr can collapse to a low-entropy model (seen in `docs/oracle_study.md`).
         mixce_gamma (`float`, *optional*, defaults to `0.8`):
             MixCE's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         entropy_coef (`float`, *optional*, defaults to `0.1`):
@@ -109,6 +113,9 @@ class SFTConfig(_TRLSFTConfig):
     emo_demd: str = field(default="reference", metadata={"help": "EMO term value: 'reference' or 'paper'."})
     emo_ratio_cap: float | None = field(default=None, metadata={"help": "Cap on EMO's dynamic weight (none by default)."})
     tailr_gamma: float = field(default=0.8, metadata={"help": "TaiLr gamma in [0, 1]."})
+    tailr_min_weight: float | None = field(
+        default=None, metadata={"help": "Floor on TaiLr's weight (the authors' script: 0.2; none: the paper's eq. 16)."}
+    )
     mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
     entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
     loss_kwargs: dict[str, Any] | str | None = field(

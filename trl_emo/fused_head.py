@@ -72,16 +72,27 @@ def add_objective_head(model, objective) -> None:
     """
     from trl.trainer.utils import maybe_gather_lm_head_ctx
 
-    previous_forward = model.forward
-    text_config = model.config.get_text_config()
+    # Everything below is looked up on `self` at call time, never through a closure over this
+    # instance: `copy.deepcopy(model)` rebinds the method to the copy, which must then run its own
+    # weights. (TRL's patch calls the original instance's forward for plain calls, so plain calls
+    # go to the class's forward here, and only `fused_lm_head=True` calls to TRL's function.)
+    previous = model.forward
+    trl_fused_forward = getattr(previous, "__func__", None)
     transform = head_transform(model)
 
     @functools.wraps(type(model).forward)
     def forward(self, *args, trl_emo_loss=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
         if not trl_emo_loss:
-            return previous_forward(
-                *args, labels=labels, shift_labels=shift_labels, num_items_in_batch=num_items_in_batch, **kwargs
-            )
+            passthrough = {"labels": labels, "shift_labels": shift_labels, "num_items_in_batch": num_items_in_batch}
+            passthrough = {k: v for k, v in passthrough.items() if v is not None}
+            if kwargs.get("fused_lm_head"):
+                fused = previous if trl_fused_forward is None else functools.partial(trl_fused_forward, self)
+                return fused(*args, **passthrough, **kwargs)
+            kwargs.pop("fused_lm_head", None)
+            return type(self).forward(self, *args, **passthrough, **kwargs)
+        if objective is None:
+            raise ValueError("This model was patched without a trl_emo objective (loss_type is TRL's own).")
+        text_config = self.config.get_text_config()
         kwargs["use_cache"] = False
         if getattr(text_config, "output_router_logits", False):
             kwargs.setdefault("output_router_logits", True)

@@ -81,14 +81,18 @@ class SFTTrainer(_TRLSFTTrainer):
             finally:
                 args.loss_type = loss_type
             self._objective = objective
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            self._check_vocabulary(base)
-            add_objective_head(base, self._objective.fused)
+            self._check_vocabulary(self._base_model())
         else:
             super().__init__(model, args, *positional, **kwargs)
+        # Patched for TRL's own losses too: the wrapper also makes `copy.deepcopy(model)` run the
+        # copy's weights, which TRL's patch alone does not (its plain calls reach the original).
+        add_objective_head(self._base_model(), self._objective.fused if self._objective is not None else None)
         add_end_of_turn_to_generation_config(self.model, self._tokenizer)
 
     # -- set-up ---------------------------------------------------------------------------
+    def _base_model(self):
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
     def _check_vocabulary(self, model) -> None:
         vocab = model.get_output_embeddings().weight.shape[0]
         if len(self._tokenizer) > vocab:
@@ -98,10 +102,6 @@ class SFTTrainer(_TRLSFTTrainer):
                 "`model.resize_token_embeddings(len(tokenizer))`."
             )
 
-    def _head_model(self):
-        model = self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
-
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if self._objective is not None and self._objective.needs_cost:
             checkpoint = resume_from_checkpoint
@@ -110,19 +110,19 @@ class SFTTrainer(_TRLSFTTrainer):
                 if checkpoint is None:
                     raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
                 resume_from_checkpoint = checkpoint
-            restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._head_model())
+            restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
             if checkpoint and not restored and self._objective.cost_source == "frozen":
                 logger.warning(
                     "Checkpoint %s has no %s: the frozen EMO cost embedding is re-taken from the resumed weights.",
                     checkpoint,
                     "trl_emo_cost_embedding.safetensors",
                 )
-            self._objective.prepare_cost(self._head_model())
+            self._objective.prepare_cost(self._base_model())
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         # Written before TRL/transformers write the rest, so a checkpoint that looks complete has it.
-        if self._objective is not None and self.args.should_save and self._objective.snapshot_must_be_saved(self._head_model()):
+        if self._objective is not None and self.args.should_save and self._objective.snapshot_must_be_saved(self._base_model()):
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             self._objective.save_cost(folder)
         super()._save_checkpoint(model, trial)
@@ -155,12 +155,12 @@ class SFTTrainer(_TRLSFTTrainer):
             outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
             aux_loss = outputs.aux_loss
         else:
-            self._objective.prepare_cost(self._head_model())
+            self._objective.prepare_cost(self._base_model())
             model_outputs = model(**logits_inputs)
             outputs, mask = self._objective.from_logits(
                 model_outputs.logits,
                 inputs["labels"],
-                self._head_model(),
+                self._base_model(),
                 num_items_in_batch=num_items_in_batch,
                 shift_labels=inputs.get("shift_labels"),
             )

@@ -3,8 +3,9 @@
 - precision: the oracle's perplexity of the student's samples (ancestral sampling at T=1 from
   held-out prefixes), the EMO paper's PPL_oracle;
 - recall: the student's perplexity on held-out oracle text;
-- exact forward KL(oracle ‖ student), reverse KL(student ‖ oracle) and both entropies, averaged
-  over every position of the held-out oracle text;
+- exact forward KL(oracle ‖ student), reverse KL(student ‖ oracle) and the student's entropy,
+  averaged over every position of the held-out oracle text; and the exact reverse KL averaged over
+  the positions of the student's own samples (the sequence-level `KL(Q ‖ P)` per token);
 - the student's perplexity on (part of) its fine-tuning data, for the generalization gap;
 - diversity of the samples: distinct-1/2/3, the GEM paper's n-gram diversity (their mean) and
   self-BLEU, each within the `k` samples of one prefix (the GEM paper's protocol: several
@@ -21,7 +22,7 @@ import torch
 from trl_emo.evaluation.metrics import distinct_n, ngram_diversity, self_bleu
 
 from . import lm
-from .metrics import ids_to_text, perplexity
+from .metrics import ids_to_text
 
 
 def diversity(continuations: torch.Tensor, samples_per_prompt: int) -> dict:
@@ -52,22 +53,23 @@ def evaluate(student, oracle, *, heldout: torch.Tensor, train_subset: torch.Tens
     seed for every student of a run gives them common random numbers."""
     prefix_len = prompts.shape[1]
     samples = lm.sample(student, prompts, new_tokens, torch.Generator().manual_seed(seed))
-    total, count = lm.continuation_nll(oracle, samples, prefix_len)
-    own_total, _ = lm.continuation_nll(student, samples, prefix_len)
+    on_samples = lm.compare_on_text(student, oracle, samples, first_target=prefix_len)
     exact = lm.compare_on_text(student, oracle, heldout)
     train = lm.compare_on_text(student, oracle, train_subset)
     result = {
-        "precision_ppl": perplexity(total / count),
+        "precision_ppl": on_samples["oracle_ppl"],
         "recall_ppl": exact["student_ppl"],
         "forward_kl": exact["forward_kl"],
         "reverse_kl": exact["reverse_kl"],
         "entropy": exact["student_entropy"],
+        # Along the student's own samples: the sequence-level reverse KL per token, and the
+        # student's perplexity of its own samples (its entropy rate on its own trajectories).
+        "reverse_kl_on_samples": on_samples["reverse_kl"],
+        "self_ppl": on_samples["student_ppl"],
         "heldout_nll": exact["student_nll"],
         "train_nll": train["student_nll"],
         "train_ppl": train["student_ppl"],
         "generalization_gap": exact["student_nll"] - train["student_nll"],
-        # The student's own perplexity of its samples: its entropy rate along its own trajectories.
-        "self_ppl": perplexity(own_total / count),
     }
     result.update(diversity(samples[:, prefix_len:], samples_per_prompt))
     bad = [key for key, value in result.items() if not math.isfinite(value)]

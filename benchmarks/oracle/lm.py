@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .metrics import Accumulator, entropy, forward_kl, reverse_kl, token_nll
+from .metrics import Accumulator, entropy, forward_kl, perplexity, reverse_kl, token_nll
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 BOS_ID = 1
@@ -105,30 +105,25 @@ def sample_sequences(model, n: int, length: int, generator: torch.Generator, bat
 
 
 @torch.no_grad()
-def continuation_nll(model, sequences: torch.Tensor, prefix_len: int, batch_size: int = 256) -> tuple[float, int]:
-    """Total NLL under `model` of the tokens after the first `prefix_len` of each sequence, and their count."""
-    total, count = 0.0, 0
-    for chunk in sequences.split(batch_size):
-        lp = log_probs(model, chunk)[:, prefix_len - 1 :]
-        targets = chunk[:, prefix_len:]
-        total += float(token_nll(lp, targets).sum())
-        count += targets.numel()
-    return total, count
+def compare_on_text(student, oracle, sequences: torch.Tensor, first_target: int = 1, batch_size: int = 256) -> dict:
+    """Exact per-token comparison of `student` with `oracle` along `sequences`.
 
+    At every position whose target (next token) has index ≥ `first_target` — the prefix is the
+    text so far: student and oracle NLL of the actual next token, forward `KL(oracle ‖ student)`,
+    reverse `KL(student ‖ oracle)` and both entropies, each summed over the whole vocabulary.
+    Returns the means per token, plus `student_ppl` and `oracle_ppl` (exp of the mean NLLs).
 
-@torch.no_grad()
-def compare_on_text(student, oracle, sequences: torch.Tensor, batch_size: int = 256) -> dict:
-    """Exact per-token comparison of `student` with `oracle` on the prefixes of `sequences`.
-
-    At every position of every sequence (the prefix is the text so far, the target the next
-    token): student NLL of the true next token, forward `KL(oracle ‖ student)`, reverse
-    `KL(student ‖ oracle)` and both entropies, summed over the whole vocabulary. Returns the
-    means per token, plus `student_ppl = exp(student_nll)`.
+    By the chain rule, on sequences sampled from the oracle the mean forward KL estimates the
+    sequence-level `KL(P ‖ Q)` per token; on sequences sampled from the student the mean reverse
+    KL estimates the sequence-level `KL(Q ‖ P)` per token.
     """
+    if not 1 <= first_target < sequences.shape[1]:
+        raise ValueError(f"first_target must be in [1, {sequences.shape[1] - 1}], got {first_target}")
     acc = Accumulator()
     for chunk in sequences.split(batch_size):
-        ls, lo = log_probs(student, chunk), log_probs(oracle, chunk)
-        targets = chunk[:, 1:]
+        ls = log_probs(student, chunk)[:, first_target - 1 :]
+        lo = ls if oracle is student else log_probs(oracle, chunk)[:, first_target - 1 :]
+        targets = chunk[:, first_target:]
         acc.add(
             targets.numel(),
             student_nll=token_nll(ls, targets).sum(),
@@ -139,8 +134,29 @@ def compare_on_text(student, oracle, sequences: torch.Tensor, batch_size: int = 
             oracle_entropy=entropy(lo).sum(),
         )
     means = acc.means()
-    means["student_ppl"] = math.exp(means["student_nll"])
+    means["student_ppl"] = perplexity(means["student_nll"])
+    means["oracle_ppl"] = perplexity(means["oracle_nll"])
     return means
+
+
+def with_temperature(model, temperature: float):
+    """A copy of `model` whose distribution is `softmax(logits / temperature)`: the output embedding
+    divided by `temperature` (exact, since the logits are linear in it; the head must not be tied).
+
+    The copy is a fresh instance loaded from the state dict, not `copy.deepcopy`: a model that went
+    through a trainer carries a patched `forward` (TRL's fused head, trl_emo's objective head) that
+    closes over the *original* instance, so a deep copy would still run the original's weights.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if getattr(model.config, "tie_word_embeddings", False):
+        raise ValueError("with_temperature needs an untied output embedding")
+    fresh = type(model)(model.config).to(dtype=model.dtype)
+    fresh.load_state_dict(model.state_dict())
+    fresh.generation_config = model.generation_config
+    with torch.no_grad():
+        fresh.get_output_embeddings().weight.div_(temperature)
+    return fresh.eval()
 
 
 # ---------------------------------------------------------------------------------------------

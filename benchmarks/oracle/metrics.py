@@ -87,3 +87,24 @@ class Accumulator:
         if self.count == 0:
             raise ValueError("no tokens accumulated")
         return {key: value / self.count for key, value in self.sums.items()}
+
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, log: bool = False) -> float | None:
+    """Piecewise-linear interpolation of the curve `(xs, ys)` at `x`; `None` outside `[min xs, max xs]`.
+
+    The points need not be sorted. `log=True` interpolates `log y` (for perplexities, i.e. linearly
+    in cross-entropy) and returns `exp` of the result.
+    """
+    points = sorted(zip(xs, ys))
+    if not points or not points[0][0] <= x <= points[-1][0]:
+        return None
+    transform = math.log if log else (lambda v: v)
+    for (x0, y0), (x1, y1) in zip(points, points[1:] or points):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                value = transform(y0)
+            else:
+                t = (x - x0) / (x1 - x0)
+                value = (1 - t) * transform(y0) + t * transform(y1)
+            return math.exp(value) if log else value
+    return None

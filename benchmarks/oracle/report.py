@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .metrics import mean_std
+from .metrics import interpolate, mean_std
 
 # (key, column header, format); arrows say which direction is better where there is one.
 TABLE_COLUMNS = (
@@ -12,6 +12,7 @@ TABLE_COLUMNS = (
     ("recall_ppl", "PPL_student(held-out) ↓ (recall)", "{:.2f}"),
     ("forward_kl", "KL(oracle‖student) ↓", "{:.4f}"),
     ("reverse_kl", "KL(student‖oracle) ↓", "{:.4f}"),
+    ("reverse_kl_on_samples", "KL(student‖oracle) on own samples ↓", "{:.4f}"),
     ("entropy", "entropy (nats)", "{:.3f}"),
     ("generalization_gap", "held-out − train NLL", "{:.4f}"),
     ("ngram_diversity", "n-gram div. ↑", "{:.2f}"),
@@ -19,7 +20,47 @@ TABLE_COLUMNS = (
     ("self_bleu", "self-BLEU ↓", "{:.2f}"),
 )
 
-REFERENCE_ROWS = ("oracle", "start")
+FRONTIER_COLUMNS = ("precision_ppl", "recall_ppl", "forward_kl", "reverse_kl_on_samples", "entropy", "ngram_diversity",
+                    "self_bleu")
+
+FRONTIER_PREFIX = "nll@T="
+
+
+def frontier_name(temperature: float) -> str:
+    """Row name of the nll student sampled at `temperature`."""
+    return f"{FRONTIER_PREFIX}{temperature:g}"
+
+
+def tempered_oracle_name(beta: float) -> str:
+    """Row name of the oracle at temperature `1 / beta` (GEM-linear's infinite-data target)."""
+    return f"oracle@T=1/{beta:g}"
+
+
+def is_frontier(name: str) -> bool:
+    return name.startswith(FRONTIER_PREFIX)
+
+
+def is_reference(name: str) -> bool:
+    return name == "start" or name.startswith("oracle")
+
+
+def frontier_temperature(name: str) -> float:
+    return float(name[len(FRONTIER_PREFIX):])
+
+
+def analyse(runs: list[dict], regimes: list[str]) -> dict:
+    """Per regime: the summary over seeds, the paired differences with nll, and the differences with
+    nll at equal entropy (when nll and its temperature curve were measured)."""
+    out = {"summary": {}, "paired_differences_vs_nll": {}, "differences_vs_nll_at_equal_entropy": {}}
+    for regime in regimes:
+        rows = [row for row in runs if row["regime"] in (regime, None)]
+        out["summary"][regime] = summarize(rows)
+        names = {row["student"] for row in rows}
+        if "nll" in names:
+            out["paired_differences_vs_nll"][regime] = paired_differences(rows)
+            if any(is_frontier(name) for name in names):
+                out["differences_vs_nll_at_equal_entropy"][regime] = matched_entropy_differences(rows)
+    return out
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -44,16 +85,82 @@ def paired_differences(runs: list[dict], baseline: str = "nll") -> dict:
     for row in runs:
         by_seed[row["seed"]][row["student"]] = row["metrics"]
     out: dict[str, dict] = {}
-    students = sorted({row["student"] for row in runs} - {baseline, "oracle"})
+    students = sorted({row["student"] for row in runs if not is_frontier(row["student"]) and row["student"] != baseline
+                       and not row["student"].startswith("oracle")})
     for student in students:
         out[student] = {}
         for key, _, _ in TABLE_COLUMNS:
-            diffs = [m[student][key] - m[baseline][key] for m in by_seed.values() if student in m and baseline in m]
+            diffs = [m[student][key] - m[baseline][key] for m in by_seed.values()
+                     if key in m.get(student, {}) and key in m.get(baseline, {})]
             if not diffs:
                 continue
             mean, std = mean_std(diffs)
             out[student][key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs)}
     return out
+
+
+MATCHED_KEYS = ("precision_ppl", "recall_ppl", "forward_kl", "reverse_kl", "reverse_kl_on_samples", "generalization_gap",
+                "ngram_diversity", "self_bleu")
+LOG_KEYS = ("precision_ppl", "recall_ppl")
+
+
+def matched_entropy_differences(runs: list[dict], baseline: str = "nll") -> dict:
+    """Per seed, `student − baseline at the temperature giving the student's entropy`, mean ± std over seeds.
+
+    The baseline's values at the student's entropy are interpolated along its temperature curve
+    (the `nll@T=…` rows plus `nll` itself at T = 1), linearly in entropy (perplexities linearly in
+    log). Seeds where the student's entropy lies outside the curve are counted in `outside`. This
+    asks whether a loss does better than simply sampling the cross-entropy model at another
+    temperature.
+    """
+    by_seed = defaultdict(dict)
+    for row in runs:
+        by_seed[row["seed"]][row["student"]] = row["metrics"]
+    students = sorted({row["student"] for row in runs if not is_frontier(row["student"]) and not is_reference(row["student"])
+                       and row["student"] != baseline})
+    out: dict[str, dict] = {}
+    for student in students:
+        diffs: dict[str, list[float]] = defaultdict(list)
+        outside = 0
+        for metrics in by_seed.values():
+            if student not in metrics or baseline not in metrics:
+                continue
+            curve = [m for name, m in metrics.items() if is_frontier(name) or name == baseline]
+            entropy = metrics[student]["entropy"]
+            if len(curve) < 2 or interpolate([m["entropy"] for m in curve], [0.0] * len(curve), entropy) is None:
+                outside += 1
+                continue
+            for key in MATCHED_KEYS:
+                matched = interpolate([m["entropy"] for m in curve], [m[key] for m in curve], entropy,
+                                      log=key in LOG_KEYS)
+                diffs[key].append(metrics[student][key] - matched)
+        out[student] = {"outside": outside}
+        for key, values in diffs.items():
+            mean, std = mean_std(values)
+            out[student][key] = {"mean": mean, "std": std, "n": len(values), "lower": sum(v < 0 for v in values)}
+    return out
+
+
+def markdown_matched(differences: dict, baseline: str = "nll") -> str:
+    titles = {key: title.split(" (")[0] for key, title, _ in TABLE_COLUMNS}
+    fmts = {key: fmt for key, _, fmt in TABLE_COLUMNS}
+    lines = [
+        f"| student − {baseline} at equal entropy | " + " | ".join(titles[k] for k in MATCHED_KEYS) + " |",
+        "|---|" + "---:|" * len(MATCHED_KEYS),
+    ]
+    for student, row in differences.items():
+        if not any(key in row for key in MATCHED_KEYS):
+            lines.append(f"| {student} | " + " | ".join(
+                [f"entropy outside the {baseline} temperature curve ({row['outside']} seed(s))"]
+                + [""] * (len(MATCHED_KEYS) - 1)) + " |")
+            continue
+        cells = []
+        for key in MATCHED_KEYS:
+            d = row[key]
+            sign = "+" if d["mean"] >= 0 else ""
+            cells.append(f"{sign}{fmts[key].format(d['mean'])} ± {fmts[key].format(d['std'])} ({d['lower']}/{d['n']} lower)")
+        lines.append(f"| {student} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _cell(stats: dict, fmt: str) -> str:
@@ -63,21 +170,34 @@ def _cell(stats: dict, fmt: str) -> str:
 
 
 def order(students) -> list[str]:
-    return [s for s in REFERENCE_ROWS if s in students] + [s for s in students if s not in REFERENCE_ROWS]
+    """References first (oracle rows, then the start), then the trained students; no frontier rows."""
+    students = [s for s in students if not is_frontier(s)]
+    oracles = [s for s in students if s.startswith("oracle")]
+    start = [s for s in students if s == "start"]
+    return oracles + start + [s for s in students if not is_reference(s)]
 
 
-def markdown_table(summary: dict, columns=TABLE_COLUMNS) -> str:
+def frontier(summary: dict) -> list[str]:
+    """The nll student's rows by temperature, nll itself (T = 1) included, sorted by temperature."""
+    rows = [(frontier_temperature(s), s) for s in summary if is_frontier(s)]
+    if "nll" in summary:
+        rows.append((1.0, "nll"))
+    return [s for _, s in sorted(rows)]
+
+
+def markdown_table(summary: dict, columns=TABLE_COLUMNS, students: list[str] | None = None) -> str:
     header = "| student | " + " | ".join(title for _, title, _ in columns) + " |"
     rule = "|---|" + "---:|" * len(columns)
     lines = [header, rule]
-    for student in order(summary):
+    for student in (order(summary) if students is None else students):
         cells = [_cell(summary[student][key], fmt) if key in summary[student] else "" for key, _, fmt in columns]
         lines.append(f"| {student} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def markdown_differences(differences: dict, baseline: str = "nll") -> str:
-    keys = ("precision_ppl", "recall_ppl", "forward_kl", "reverse_kl", "entropy", "ngram_diversity", "self_bleu")
+    keys = ("precision_ppl", "recall_ppl", "forward_kl", "reverse_kl", "reverse_kl_on_samples", "entropy",
+            "generalization_gap", "ngram_diversity", "self_bleu")
     titles = {key: title.split(" (")[0] for key, title, _ in TABLE_COLUMNS}
     fmts = {key: fmt for key, _, fmt in TABLE_COLUMNS}
     lines = [
@@ -97,72 +217,113 @@ def markdown_differences(differences: dict, baseline: str = "nll") -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict, path: str, title: str = "") -> None:
-    """Four panels: precision vs recall, forward vs reverse KL (both with ±1 std error bars over
-    seeds), entropy, and diversity (n-gram diversity, 100 − self-BLEU)."""
+def plot(summaries: dict, path: str, titles: dict | None = None, suptitle: str = "") -> None:
+    """One row of four panels per regime (`summaries`: `{regime: summary}`): precision vs recall,
+    forward vs reverse KL (both with ±1 std error bars over seeds), entropy, and diversity
+    (n-gram diversity and 100 − self-BLEU)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    titles = titles or {}
+    rows = len(summaries)
+    fig, grid = plt.subplots(rows, 4, figsize=(22, 5.2 * rows), squeeze=False)
+    for axes, (regime, summary) in zip(grid, summaries.items()):
+        _plot_row(plt, axes, summary)
+        axes[0].set_title(titles.get(regime, regime), loc="left", fontsize=11)
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _off_scale(summary: dict, students: list[str]) -> list[str]:
+    """Students whose held-out perplexity is more than twice the reference's (nll, else the start):
+    collapsed models that would squash every scatter panel; they are listed in a corner instead."""
+    reference = summary.get("nll", summary.get("start"))
+    if reference is None:
+        return []
+    limit = 2 * reference["recall_ppl"]["mean"]
+    return [s for s in students if summary[s]["recall_ppl"]["mean"] > limit]
+
+
+def _plot_row(plt, axes, summary: dict) -> None:
     students = order(summary)
+    curve = frontier(summary)
     colors = {s: plt.cm.tab10(i % 10) for i, s in enumerate(students)}
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    off = _off_scale(summary, students)
+    shown = [s for s in students if s not in off]
 
-    def scatter(ax, xkey, ykey, xlabel, ylabel):
-        for s in students:
-            m = summary[s]
-            marker = "*" if s == "oracle" else ("s" if s == "start" else "o")
-            ax.errorbar(m[xkey]["mean"], m[ykey]["mean"], xerr=m[xkey]["std"], yerr=m[ykey]["std"], fmt=marker,
-                        color=colors[s], label=s, capsize=3, markersize=9 if s == "oracle" else 6)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
+    def point(ax, s, xkey, ykey):
+        m = summary[s]
+        big = s.startswith("oracle")
+        ax.errorbar(m[xkey]["mean"], m[ykey]["mean"], xerr=m[xkey]["std"], yerr=m[ykey]["std"],
+                    fmt="*" if big else ("s" if s == "start" else "o"), color=colors[s], label=s, capsize=3,
+                    markersize=11 if big else 6)
 
-    scatter(axes[0, 0], "recall_ppl", "precision_ppl", "recall: student PPL on held-out oracle text (lower = better)",
-            "precision: oracle PPL of student samples (lower = better)")
-    axes[0, 0].legend(fontsize=8)
-    trained = [s for s in students if s != "oracle"]
-    sub = {s: summary[s] for s in trained}
-    ax = axes[0, 1]
-    for s in trained:
-        m = sub[s]
-        ax.errorbar(m["forward_kl"]["mean"], m["reverse_kl"]["mean"], xerr=m["forward_kl"]["std"],
-                    yerr=m["reverse_kl"]["std"], fmt="s" if s == "start" else "o", color=colors[s], label=s, capsize=3)
-    ax.set_xlabel("forward KL(oracle‖student), nats/token")
-    ax.set_ylabel("reverse KL(student‖oracle), nats/token")
+    def nll_curve(ax, xkey, ykey):
+        if len(curve) < 2:
+            return
+        xs = [summary[s][xkey]["mean"] for s in curve]
+        ys = [summary[s][ykey]["mean"] for s in curve]
+        temps = [1.0 if s == "nll" else frontier_temperature(s) for s in curve]
+        ax.plot(xs, ys, ls="--", lw=1, color="gray", marker=".",
+                label=f"nll at T = {min(temps):g}…{max(temps):g} (gray labels: T)")
+        for t, x, y in zip(temps, xs, ys):
+            if t != 1.0 and abs(round(t * 10) - t * 10) < 1e-6:  # label every 0.1
+                ax.annotate(f"{t:g}", (x, y), fontsize=7, color="gray", xytext=(3, 3), textcoords="offset points")
+
+    def note_off_scale(ax):
+        ax.margins(0.08)
+        if off:
+            text = "off scale: " + "; ".join(
+                f"{s} (recall PPL {summary[s]['recall_ppl']['mean']:.0f}, precision PPL "
+                f"{summary[s]['precision_ppl']['mean']:.1f}, entropy {summary[s]['entropy']['mean']:.2f})" for s in off)
+            ax.text(0.01, 0.01, text, transform=ax.transAxes, fontsize=7, va="bottom", ha="left",
+                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="lightgray"))
+
+    ax = axes[0]
+    nll_curve(ax, "recall_ppl", "precision_ppl")
+    for s in shown:
+        point(ax, s, "recall_ppl", "precision_ppl")
+    ax.set_xlabel("recall: student PPL on held-out oracle text (lower = better)")
+    ax.set_ylabel("precision: oracle PPL of student samples\n(lower = better; log scale)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left")
+    note_off_scale(ax)
+
+    ax = axes[1]
+    nll_curve(ax, "forward_kl", "reverse_kl_on_samples")
+    for s in shown:
+        if summary[s]["forward_kl"]["mean"] > 0:  # the oracle itself sits at (0, 0)
+            point(ax, s, "forward_kl", "reverse_kl_on_samples")
+    ax.set_xlabel("forward KL(oracle‖student) on held-out oracle text (nats/token)")
+    ax.set_ylabel("reverse KL(student‖oracle) on the student's samples (nats/token)")
     ax.grid(alpha=0.3)
+    note_off_scale(ax)
 
-    ax = axes[1, 0]
-    xs = range(len(students))
-    ax.bar(xs, [summary[s]["entropy"]["mean"] for s in students], yerr=[summary[s]["entropy"]["std"] for s in students],
-           color=[colors[s] for s in students], capsize=3)
-    if "oracle" in summary:
-        ax.axhline(summary["oracle"]["entropy"]["mean"], color="k", ls="--", lw=1, label="oracle entropy")
-        ax.legend(fontsize=8)
-    ax.set_xticks(list(xs), students, rotation=30, ha="right")
-    ax.set_ylabel("mean next-token entropy on held-out prefixes (nats)")
-    lows = [summary[s]["entropy"]["mean"] - summary[s]["entropy"]["std"] for s in students]
-    highs = [summary[s]["entropy"]["mean"] + summary[s]["entropy"]["std"] for s in students]
-    pad = 0.15 * (max(highs) - min(lows) + 1e-9)
-    ax.set_ylim(min(lows) - pad, max(highs) + pad)
+    ax = axes[2]
+    nll_curve(ax, "entropy", "recall_ppl")
+    for s in shown:
+        point(ax, s, "entropy", "recall_ppl")
+    ax.set_xlabel("student entropy on held-out prefixes (nats/token)")
+    ax.set_ylabel("held-out perplexity (= exp cross-entropy; lower = better)")
+    ax.grid(alpha=0.3)
+    note_off_scale(ax)
 
-    ax = axes[1, 1]
+    ax = axes[3]
+    xs = list(range(len(students)))
     width = 0.4
     ngram = [summary[s]["ngram_diversity"]["mean"] for s in students]
-    ngram_err = [summary[s]["ngram_diversity"]["std"] for s in students]
     bleu_div = [100 - summary[s]["self_bleu"]["mean"] for s in students]
-    bleu_err = [summary[s]["self_bleu"]["std"] for s in students]
-    ax.bar([x - width / 2 for x in xs], ngram, width, yerr=ngram_err, capsize=2, label="n-gram diversity", color="tab:blue")
-    ax.bar([x + width / 2 for x in xs], bleu_div, width, yerr=bleu_err, capsize=2, label="100 − self-BLEU", color="tab:orange")
-    ax.set_xticks(list(xs), students, rotation=30, ha="right")
-    values = ngram + bleu_div
-    spread = max(values) - min(values) + 1e-9
-    ax.set_ylim(min(values) - 0.5 * spread - 1, max(values) + 0.5 * spread + 1)
-    ax.set_ylabel("diversity of k samples per prefix (higher = more diverse)")
-    ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.bar([x - width / 2 for x in xs], ngram, width, yerr=[summary[s]["ngram_diversity"]["std"] for s in students],
+           capsize=2, label="n-gram diversity (distinct-1..3)", color="tab:blue")
+    ax.bar([x + width / 2 for x in xs], bleu_div, width, yerr=[summary[s]["self_bleu"]["std"] for s in students],
+           capsize=2, label="100 − self-BLEU", color="tab:orange")
+    ax.set_xticks(xs, students, rotation=30, ha="right")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("diversity of the samples of one prefix (higher = more diverse)")
+    ax.legend(fontsize=8, loc="lower right")

@@ -25,6 +25,8 @@ LOSSES: dict[str, dict] = {
     "mixce": {"loss_type": "mixce"},
     # Not in the default set:
     "ce_entropy": {"loss_type": "ce_entropy"},
+    # TaiLr with its weight floored at 0.2, as the EMO authors' script does (`tailr_min_weight`).
+    "tailr-floor": {"loss_type": "tailr", "tailr_min_weight": 0.2},
     # EMO whose transport cost comes from the *oracle's* output embedding: an oracle-informed upper
     # bound on what a good cost embedding can do (the path is filled in by the study).
     "emo-oracle-cost": {"loss_type": "emo", "emo_cost_embedding": "{oracle_head}"},

@@ -59,6 +59,13 @@ def _check_gamma(field_name):
     return check
 
 
+def _check_tailr(hp):
+    _check_gamma("tailr_gamma")(hp)
+    floor = hp["min_weight"]
+    if floor is not None and not (isinstance(floor, (int, float)) and 0.0 <= floor <= 1.0):
+        raise ValueError(f"tailr_min_weight must be in [0, 1] or null, got {floor!r}.")
+
+
 def _check_entropy(hp):
     coef = hp["coef"]
     if not (isinstance(coef, (int, float)) and math.isfinite(coef)):
@@ -88,8 +95,8 @@ register_loss(
     "tailr",
     tailr_per_token,
     chunk_kernel=kernels.tailr_kernel,
-    config_fields={"gamma": "tailr_gamma"},
-    validate=_check_gamma("tailr_gamma"),
+    config_fields={"gamma": "tailr_gamma", "min_weight": "tailr_min_weight"},
+    validate=_check_tailr,
     description="TaiLr: total-variation-guided weighting of nll (Ji et al., 2023)",
 )
 register_loss(

@@ -115,11 +115,18 @@ def emo_per_token(
     return emo_weighted_combination(nll, distance, weighting, ratio_cap)
 
 
-def tailr_per_token(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 0.8) -> torch.Tensor:
-    """TaiLr (EMO paper eq. 16): `-sg(p_y / (γ + (1-γ) p_y)) log p_y`."""
+def tailr_weight(p_y: torch.Tensor, gamma: float, min_weight: float | None = None) -> torch.Tensor:
+    """TaiLr's weight `p_y / (γ + (1-γ) p_y)`, optionally floored at `min_weight` (the authors' script uses 0.2)."""
+    weight = p_y / (gamma + (1.0 - gamma) * p_y)
+    return weight if min_weight is None else weight.clamp(min=min_weight)
+
+
+def tailr_per_token(
+    logits: torch.Tensor, targets: torch.Tensor, gamma: float = 0.8, min_weight: float | None = None
+) -> torch.Tensor:
+    """TaiLr (EMO paper eq. 16): `-sg(p_y / (γ + (1-γ) p_y)) log p_y`, the weight optionally floored."""
     logp_y = _target_log_prob(F.log_softmax(upcast(logits), dim=-1), targets)
-    p_y = logp_y.exp().detach()
-    return -(p_y / (gamma + (1.0 - gamma) * p_y)) * logp_y
+    return -tailr_weight(logp_y.exp().detach(), gamma, min_weight) * logp_y
 
 
 def mixce_per_token(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 0.8) -> torch.Tensor:
@@ -213,9 +220,9 @@ def emo_loss(
     )
 
 
-def tailr_loss(logits, labels, gamma: float = 0.8, num_items_in_batch=None, **kwargs):
+def tailr_loss(logits, labels, gamma: float = 0.8, min_weight: float | None = None, num_items_in_batch=None, **kwargs):
     """TaiLr over a causal-LM batch."""
-    return causal_lm_loss(tailr_per_token, logits, labels, num_items_in_batch, gamma=gamma, **kwargs)
+    return causal_lm_loss(tailr_per_token, logits, labels, num_items_in_batch, gamma=gamma, min_weight=min_weight, **kwargs)
 
 
 def mixce_loss(logits, labels, gamma: float = 0.8, num_items_in_batch=None, **kwargs):

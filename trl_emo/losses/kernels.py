@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cost import CostEmbedding
-from .functional import _GEM_LOGSIGMOID_SLOPE, _RATIO_EPS
+from .functional import _GEM_LOGSIGMOID_SLOPE, _RATIO_EPS, tailr_weight
 
 
 @dataclass
@@ -134,12 +134,12 @@ def emo_kernel(
     return _result(values, grad, s, emo_distance=distance)
 
 
-def _confidence_weighted_kernel(weight_fn: Callable[[torch.Tensor], torch.Tensor]):
+def _confidence_weighted_kernel(weight_fn: Callable[..., torch.Tensor]):
     """Kernels of the form ℓ = -sg(w(p_y)) log p_y (TaiLr, MixCE): ∂ℓ/∂z = w (p - e_y)."""
 
-    def kernel(z, targets, want_grad, gamma=0.8):
+    def kernel(z, targets, want_grad, **hparams):
         s = _softmax(z, targets)
-        w = weight_fn(s.nll.neg().exp(), gamma)
+        w = weight_fn(s.nll.neg().exp(), **hparams)
         grad = None
         if want_grad:
             grad = s.p
@@ -150,8 +150,8 @@ def _confidence_weighted_kernel(weight_fn: Callable[[torch.Tensor], torch.Tensor
     return kernel
 
 
-tailr_kernel = _confidence_weighted_kernel(lambda p_y, gamma: p_y / (gamma + (1.0 - gamma) * p_y))
-mixce_kernel = _confidence_weighted_kernel(lambda p_y, gamma: gamma + (1.0 - gamma) * p_y)
+tailr_kernel = _confidence_weighted_kernel(tailr_weight)
+mixce_kernel = _confidence_weighted_kernel(lambda p_y, gamma=0.8: gamma + (1.0 - gamma) * p_y)
 
 
 def ce_entropy_kernel(z, targets, want_grad, coef=0.1):
