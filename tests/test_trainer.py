@@ -338,3 +338,12 @@ def test_a_deep_copy_of_the_trained_model_runs_its_own_weights(tmp_path, make_mo
         if loss_type == "gem":
             out = clone(input_ids=ids, labels=labels, trl_emo_loss=True)
             assert torch.allclose(out.nll, torch.full_like(out.nll, float(torch.log(torch.tensor(float(len(tokenizer)))))))
+
+
+def test_evaluate_before_training_logs_the_objective_and_cross_entropy(tmp_path, make_model, tokenizer, pc_dataset):
+    args = cpu_config(tmp_path, loss_type="emo", max_steps=1)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, eval_dataset=pc_dataset, processing_class=tokenizer)
+    metrics = trainer.evaluate()
+    assert metrics["eval_cross_entropy"] > 0 and "eval_emo_distance" in metrics
+    # With "mle" weighting EMO's value equals the cross-entropy (only its gradient differs).
+    assert abs(metrics["eval_loss"] - metrics["eval_cross_entropy"]) < 1e-4

@@ -23,6 +23,12 @@ logger = logging.getLogger(__name__)
 COST_EMBEDDING_FILE = "trl_emo_cost_embedding.safetensors"
 
 
+def output_vocab_size(model) -> int:
+    """Rows of the output embedding, also when DeepSpeed ZeRO-3 has partitioned it (then `shape` is empty)."""
+    weight = model.get_output_embeddings().weight
+    return tuple(getattr(weight, "ds_shape", None) or weight.shape)[0]
+
+
 class Objective:
     """`loss_type` + hyper-parameters + cost embedding, computed fused or from logits."""
 
@@ -58,7 +64,7 @@ class Objective:
                 self.cost = CostEmbedding(full.detach().clone(), source="a frozen snapshot of the output embedding")
         else:
             self.cost = load_cost_embedding(self.cost_source, trust_remote_code=self.trust_remote_code).to(weight.device)
-        self.cost.check_vocab(weight.shape[0])
+        self.cost.check_vocab(output_vocab_size(model))
 
     def snapshot_must_be_saved(self, model) -> bool:
         """A frozen snapshot is worth saving only if the head trains (a frozen head can be re-read)."""
@@ -78,7 +84,7 @@ class Objective:
         weight = model.get_output_embeddings().weight
         self.cost = load_cost_embedding(path).to(weight.device)
         self.cost.source = f"the snapshot saved in {folder}"
-        self.cost.check_vocab(weight.shape[0])
+        self.cost.check_vocab(output_vocab_size(model))
         return True
 
     def _kwargs(self, weight: torch.Tensor) -> dict:

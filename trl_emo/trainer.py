@@ -19,7 +19,7 @@ from .config import SFTConfig
 from .fused_head import add_objective_head
 from .generation_eos import add_end_of_turn_to_generation_config
 from .losses.registry import TRL_LOSS_TYPES
-from .objective import Objective
+from .objective import Objective, output_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class SFTTrainer(_TRLSFTTrainer):
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     def _check_vocabulary(self, model) -> None:
-        vocab = model.get_output_embeddings().weight.shape[0]
+        vocab = output_vocab_size(model)
         if len(self._tokenizer) > vocab:
             raise ValueError(
                 f"Vocabulary mismatch: the tokenizer has {len(self._tokenizer)} tokens but the model's output embedding "
@@ -151,11 +151,12 @@ class SFTTrainer(_TRLSFTTrainer):
         if self.aux_loss_enabled:
             inputs["output_router_logits"] = True
         logits_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        # Normally done when `train()` starts; here too for an `evaluate()` before any training.
+        self._objective.prepare_cost(self._base_model())
         if self.args.loss_implementation == "fused":
             outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
             aux_loss = outputs.aux_loss
         else:
-            self._objective.prepare_cost(self._base_model())
             model_outputs = model(**logits_inputs)
             outputs, mask = self._objective.from_logits(
                 model_outputs.logits,
