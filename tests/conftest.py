@@ -23,6 +23,16 @@ CORPUS = [
 ] * 4
 
 
+# Texts and sizes of the tiny policies and reward models of the evaluation tests.
+EVAL_TEXTS = [
+    "The answer is 42.",
+    "Write a poem about the sea.",
+    "hello world, how are you?",
+    "What is 2+2? The answer is 4.",
+] * 4
+EVAL_TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from trl_emo.tiny import train_tokenizer

@@ -19,13 +19,7 @@ from trl_emo.evaluation.prompts import load_prompt_set, render_policy_prompt
 from trl_emo.evaluation.scoring import RewardModel
 from trl_emo.tiny import END_OF_TURN, build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-TEXTS = [
-    "The answer is 42.",
-    "Write a poem about the sea.",
-    "hello world, how are you?",
-    "What is 2+2? The answer is 4.",
-] * 4
-TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
 
 
 @pytest.fixture(scope="module")

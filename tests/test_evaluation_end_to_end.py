@@ -15,13 +15,7 @@ from trl_emo.evaluation import generation, scoring
 from trl_emo.evaluation.cli import main
 from trl_emo.tiny import build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-TEXTS = [
-    "The answer is 42.",
-    "Write a poem about the sea.",
-    "hello world, how are you?",
-    "What is 2+2? The answer is 4.",
-] * 4
-TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
 PROMPTS = [
     {"question": "What is 1+1?", "answer": "1+1=2\n#### 2", "reference": "The answer is 2."},
     {"question": "Write a poem about the sea.", "answer": "#### 0", "reference": "Waves roll in."},
