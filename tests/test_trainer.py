@@ -347,3 +347,17 @@ def test_evaluate_before_training_logs_the_objective_and_cross_entropy(tmp_path,
     assert metrics["eval_cross_entropy"] > 0 and "eval_emo_distance" in metrics
     # With "mle" weighting EMO's value equals the cross-entropy (only its gradient differs).
     assert abs(metrics["eval_loss"] - metrics["eval_cross_entropy"]) < 1e-4
+
+
+@pytest.mark.parametrize("path", ["fused", "logits"])
+def test_label_ids_past_the_head_are_a_vocabulary_error(make_model, path):
+    from trl_emo.objective import Objective
+
+    model = make_model()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    objective = Objective("gem", {"beta": 0.7, "h": "linear"})
+    with pytest.raises(ValueError, match=rf"Vocabulary mismatch: a label id \({vocab + 3}\)"):
+        if path == "fused":
+            objective.fused(torch.randn(2, 32), model.get_output_embeddings().weight, None, torch.tensor([1, vocab + 3]))
+        else:
+            objective.from_logits(torch.randn(1, 3, vocab), torch.tensor([[0, 1, vocab + 3]]), model)

@@ -29,6 +29,16 @@ def output_vocab_size(model) -> int:
     return tuple(getattr(weight, "ds_shape", None) or weight.shape)[0]
 
 
+def _check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
+    """A label id past the head's last row is a vocabulary mismatch, not an index error deep in a kernel."""
+    if targets.numel() and int(targets.max()) >= vocab_size:
+        raise ValueError(
+            f"Vocabulary mismatch: a label id ({int(targets.max())}) is outside the model's output vocabulary "
+            f"({vocab_size} tokens). The tokenizer has more tokens than the model: resize the model's token "
+            "embeddings to the tokenizer."
+        )
+
+
 class Objective:
     """`loss_type` + hyper-parameters + cost embedding, computed fused or from logits."""
 
@@ -98,12 +108,7 @@ class Objective:
     # -- the loss --------------------------------------------------------------------------
     def fused(self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None):
         """The objective from hidden states of the target positions (see `fused_linear_loss`)."""
-        if hidden.shape[0] and int(targets.max()) >= weight.shape[0]:
-            raise ValueError(
-                f"Vocabulary mismatch: a label id ({int(targets.max())}) is outside the model's output vocabulary "
-                f"({weight.shape[0]} tokens). The tokenizer has more tokens than the model: resize the model's token "
-                "embeddings to the tokenizer."
-            )
+        _check_label_ids(targets, weight.shape[0])
         return fused_linear_loss(
             hidden,
             weight,
@@ -121,11 +126,7 @@ class Objective:
         targets, mask = select_targets(labels, shift_labels)
         aligned = logits if shift_labels is not None else logits[:, :-1]
         selected, selected_targets = aligned[mask], targets[mask]
-        if selected_targets.numel() and int(selected_targets.max()) >= logits.shape[-1]:
-            raise ValueError(
-                f"Vocabulary mismatch: a label id ({int(selected_targets.max())}) is outside the model's output "
-                f"vocabulary ({logits.shape[-1]} tokens). Resize the model's token embeddings to the tokenizer."
-            )
+        _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
         values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
         count = mask.sum() if num_items_in_batch is None else num_items_in_batch
