@@ -1,22 +1,30 @@
 """Forward+backward time and peak memory of the LM-head losses, each measured in its own process.
 
     python benchmarks/loss_bench.py --sizes 4096x32000x512 16384x32000x256 --device cpu
-    python benchmarks/loss_bench.py --sizes 16384x128256x4096 --device cuda --dtype bfloat16
+    python benchmarks/loss_bench.py --sizes 16384x128256x4096 --device cuda --dtype bfloat16 --accuracy
 
 Variants (`--variants`):
   trl_nll         TRL 1.16's fused head kernel (`ChunkedLogProbFunction`), as its SFTTrainer calls it
                   (log-probs + entropy + top-1, `-sum(log_probs) / N`): the baseline of every ratio.
+  liger_nll       Liger's `LigerFusedLinearCrossEntropyLoss` (needs `pip install liger-kernel`; GPU).
+  cce_nll         Cut Cross-Entropy's `linear_cross_entropy` (needs `pip install cut-cross-entropy`; GPU).
+  torch_lce       torch's own chunked `F.linear_cross_entropy(..., options=LinearCrossEntropyOptions())`
+                  (torch >= 2.13).
   trl_nll_logits  plain logits + `torch.nn.functional.cross_entropy` (what TRL avoids).
-  <loss>          trl_emo's fused path (`fused_linear_loss`): nll, gem, gem_ls (h=logsigmoid), emo,
-                  emo_live (cost = the live head), tailr, mixce, ce_entropy.
+  <loss>          trl_emo's fused path (`fused_linear_loss`, `--backend`): nll, gem, gem_ls
+                  (h=logsigmoid), emo, emo_live (cost = the live head), tailr, mixce, ce_entropy.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
                   plus a no-grad pass at temperature 1 for the logged cross-entropy and entropy.
 
 Memory is the peak *extra* memory of one forward+backward over the inputs (hidden, head, targets
-and EMO's cost table already allocated): peak RSS minus RSS before the call on CPU,
-`max_memory_allocated` minus allocated before the call on CUDA. Time is the median of `--repeats`
-calls after that first one. Every variant runs in a fresh process, so no allocator state leaks.
+and EMO's cost table already allocated), the returned gradients included: peak RSS minus RSS
+before the call on CPU, `max_memory_allocated` minus allocated before the call on CUDA. Time is
+the median of `--repeats` calls after that first one. Every variant runs in a fresh process, so
+no allocator state leaks. A variant whose package is missing is reported as such, not failed.
+
+`--accuracy` adds, per variant, the relative error of the loss and of the two gradients (Frobenius
+norm) against the same formula in float64 on the same (rounded) inputs, computed chunk by chunk.
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ import time
 from datetime import date
 
 VARIANTS = [
-    "trl_nll", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live", "tailr", "mixce", "ce_entropy",
-    "trl_gem_tempered", "logits_gem", "logits_emo",
+    "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
+    "tailr", "mixce", "ce_entropy", "trl_gem_tempered", "logits_gem", "logits_emo",
 ]
+# Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
+NLL_ANCHORS = {"trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits"}
+OPTIONAL = {"liger_nll": "liger_kernel", "cce_nll": "cut_cross_entropy"}
 LOSS_ARGS = {
     "nll": ("nll", {}),
     "gem": ("gem", {"beta": 0.7, "h": "linear"}),
@@ -58,13 +69,53 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def build_step(variant, hidden, weight, targets, cost):
+class Unavailable(RuntimeError):
+    """The variant's package (or torch feature) is not installed here."""
+
+
+def build_step(variant, hidden, weight, targets, cost, options=None):
     """A closure running one forward+backward of `variant`."""
+    import importlib.util
+
     import torch
 
     from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
 
+    options = options or {}
     n = hidden.shape[0]
+    if variant in OPTIONAL and importlib.util.find_spec(OPTIONAL[variant]) is None:
+        raise Unavailable(f"{OPTIONAL[variant]} is not installed")
+    if variant == "liger_nll":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        loss_fn = LigerFusedLinearCrossEntropyLoss()
+
+        def step():
+            loss = loss_fn(weight, hidden, targets)
+            loss.backward()
+            return loss
+
+        return step
+    if variant == "cce_nll":
+        from cut_cross_entropy import linear_cross_entropy
+
+        def step():
+            loss = linear_cross_entropy(hidden, weight, targets)
+            loss.backward()
+            return loss
+
+        return step
+    if variant == "torch_lce":
+        if not hasattr(torch.nn, "LinearCrossEntropyOptions"):
+            raise Unavailable(f"torch {torch.__version__} has no chunked linear_cross_entropy")
+        lce_options = torch.nn.LinearCrossEntropyOptions()
+
+        def step():
+            loss = torch.nn.functional.linear_cross_entropy(hidden, weight, targets, options=lce_options)
+            loss.backward()
+            return loss
+
+        return step
     if variant in ("trl_nll", "trl_gem_tempered"):
         from trl.kernels.chunked_logprob import ChunkedLogProbFunction
         from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
@@ -113,14 +164,40 @@ def build_step(variant, hidden, weight, targets, cost):
         extra = {}
         if spec.uses_cost_embedding:
             extra["cost_embedding"] = CostEmbedding(weight.detach()) if variant == "emo_live" else frozen
-        out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra})
+        out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra}, **options)
         out.loss.backward()
         return out.loss
 
     return step
 
 
-def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads) -> dict:
+def reference_errors(variant, hidden, weight, targets, cost, loss) -> dict:
+    """Relative errors of `loss` and of the gradients now in `.grad` against float64, same formula."""
+    import torch
+
+    from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
+
+    key = "nll" if variant in NLL_ANCHORS else variant.removeprefix("logits_").replace("trl_gem_tempered", "gem")
+    name, hparams = LOSS_ARGS[key]
+    if get_loss(name).uses_cost_embedding:
+        table = weight.detach() if variant == "emo_live" else cost
+        hparams = {**hparams, "cost_embedding": CostEmbedding(table.double())}
+    h64 = hidden.detach().double().requires_grad_(True)
+    w64 = weight.detach().double().requires_grad_(True)
+    ref = fused_linear_loss(h64, w64, targets, get_loss(name), hparams, backend="torch")
+    gh, gw = torch.autograd.grad(ref.loss, (h64, w64))
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+
+    return {
+        "loss_rel_error": abs(float(loss) - float(ref.loss)) / abs(float(ref.loss)),
+        "grad_hidden_rel_error": rel(hidden.grad, gh),
+        "grad_head_rel_error": rel(weight.grad, gw),
+    }
+
+
+def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads, options, accuracy) -> dict:
     import torch
 
     if threads:
@@ -132,7 +209,10 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     targets = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
-    step = build_step(variant, hidden, weight, targets, cost)
+    try:
+        step = build_step(variant, hidden, weight, targets, cost, options)
+    except Unavailable as exc:
+        return {"variant": variant, "unavailable": str(exc)}
 
     def sync():
         if device == "cuda":
@@ -157,19 +237,31 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {
+    result = {
         "variant": variant,
         "loss": float(loss),
         "seconds": statistics.median(times) if times else first,
         "first_seconds": first,
         "peak_extra_bytes": int(peak),
     }
+    if accuracy:
+        hidden.grad = weight.grad = None
+        loss = step()
+        result.update(reference_errors(variant, hidden, weight, targets, cost, loss))
+    return result
 
 
 def run_isolated(variant, size, args) -> dict:
     tokens, vocab, hidden = size
     cmd = [sys.executable, __file__, "--_worker", variant, f"{tokens}x{vocab}x{hidden}", "--dtype", args.dtype,
-           "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads or 0)]
+           "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads or 0),
+           "--backend", args.backend]
+    if args.chunk_memory_mb is not None:
+        cmd += ["--chunk-memory-mb", str(args.chunk_memory_mb)]
+    if args.fp32_weight_grad:
+        cmd.append("--fp32-weight-grad")
+    if args.accuracy:
+        cmd.append("--accuracy")
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         return {"variant": variant, "error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
@@ -180,7 +272,16 @@ def machine_description(device) -> str:
     import torch
 
     if device == "cuda":
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+        import importlib.metadata as md
+
+        def version(name):
+            try:
+                return md.version(name)
+            except md.PackageNotFoundError:
+                return "absent"
+
+        versions = ", ".join(f"{n} {version(n)}" for n in ("triton", "trl", "transformers", "liger-kernel", "cut-cross-entropy"))
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__} (CUDA {torch.version.cuda}), {versions}"
     cores = os.cpu_count()
     cpu = platform.processor() or platform.machine()
     try:
@@ -194,25 +295,37 @@ def machine_description(device) -> str:
 
 def format_table(size, rows) -> str:
     tokens, vocab, hidden = size
-    base = next((r for r in rows if r["variant"] == "trl_nll" and "error" not in r), None)
-    unit = 1e3 if base and base["seconds"] < 1 else 1.0
+    base = next((r for r in rows if r["variant"] == "trl_nll" and "seconds" in r), None)
+    liger = next((r for r in rows if r["variant"] == "liger_nll" and "seconds" in r), None)
+    accuracy = any("loss_rel_error" in r for r in rows)
+    timed = [r for r in rows if "seconds" in r]
+    unit = 1e3 if timed and max(r["seconds"] for r in timed) < 10 else 1.0
     unit_name = "ms" if unit == 1e3 else "s"
-    lines = [
-        f"**{tokens:,} tokens x {vocab:,} vocab x {hidden:,} hidden**",
-        "",
-        f"| variant | time ({unit_name}) | time / TRL nll | peak extra memory (GiB) | memory / TRL nll |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    header = f"| variant | time ({unit_name}) | time / TRL nll | time / Liger | peak extra memory (GiB) | memory / TRL nll |"
+    rule = "|---|---:|---:|---:|---:|---:|"
+    if accuracy:
+        header += " loss rel. err | ∂h rel. err | ∂W rel. err |"
+        rule += "---:|---:|---:|"
+    lines = [f"**{tokens:,} tokens x {vocab:,} vocab x {hidden:,} hidden**", "", header, rule]
+    blanks = " |" * (rule.count("|") - 3)
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['variant']} | failed: {r['error'][:60]} | | | |")
+        if "unavailable" in r:
+            lines.append(f"| {r['variant']} | not run: {r['unavailable']} |{blanks}")
             continue
-        t_ratio = r["seconds"] / base["seconds"] if base else float("nan")
-        m_ratio = r["peak_extra_bytes"] / base["peak_extra_bytes"] if base else float("nan")
-        lines.append(
-            f"| {r['variant']} | {r['seconds'] * unit:.{0 if unit == 1e3 else 2}f} | {t_ratio:.2f} | "
-            f"{r['peak_extra_bytes'] / 2**30:.2f} | {m_ratio:.2f} |"
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error'][:60]} |{blanks}")
+            continue
+
+        def ratio(ref, key):
+            return f"{r[key] / ref[key]:.2f}" if ref else "—"
+
+        line = (
+            f"| {r['variant']} | {r['seconds'] * unit:.{0 if unit == 1e3 else 2}f} | {ratio(base, 'seconds')} | "
+            f"{ratio(liger, 'seconds')} | {r['peak_extra_bytes'] / 2**30:.2f} | {ratio(base, 'peak_extra_bytes')} |"
         )
+        if accuracy:
+            line += "".join(f" {r[k]:.1e} |" if k in r else " |" for k in ("loss_rel_error", "grad_hidden_rel_error", "grad_head_rel_error"))
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -229,18 +342,27 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first (memory) call")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "triton", "torch"], help="trl_emo's fused kernels")
+    parser.add_argument("--chunk-memory-mb", type=float, default=None, help="trl_emo's chunk memory budget")
+    parser.add_argument("--fp32-weight-grad", action="store_true", help="float32 head-gradient accumulator")
+    parser.add_argument("--accuracy", action="store_true", help="also measure errors against float64")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args._worker:
         variant, size = args._worker
-        print(json.dumps(worker(variant, *parse_size(size), args.dtype, args.device, args.repeats, args.threads)))
+        options = {"backend": args.backend, "fp32_weight_grad": args.fp32_weight_grad}
+        if args.chunk_memory_mb is not None:
+            options["chunk_memory"] = int(args.chunk_memory_mb * 2**20)
+        result = worker(variant, *parse_size(size), args.dtype, args.device, args.repeats, args.threads, options, args.accuracy)
+        print(json.dumps(result))
         return 0
 
     command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
-          f"Command: `{command}`  \nDtype: {args.dtype}; median of {args.repeats} forward+backward calls after the first.\n",
+          f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; median of {args.repeats} "
+          "forward+backward calls after the first.\n",
           flush=True)
     raw = {}
     for size_text in args.sizes:

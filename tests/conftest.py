@@ -12,6 +12,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
 
+# Without a GPU, the Triton kernels are tested in Triton's CPU interpreter. It is chosen when a
+# kernel is defined, so before trl_emo is imported; it only runs where a test asks for the Triton
+# backend explicitly (training on a CPU never selects it).
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest  # noqa: E402
 
 CORPUS = [

@@ -144,7 +144,8 @@ def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519", "-m", "trl_emo.sft",
            "--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
            "--loss_type", "gem", "--save_strategy", "steps", "--save_steps", "2", *short(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # CPU processes (gloo) on every machine: hidden GPUs keep accelerate from wanting two of them.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     state = final_state(out)

@@ -33,7 +33,9 @@ use_cpu: true
 
 def _env():
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    # The processes train on the CPU (gloo) on every machine: hiding GPUs keeps accelerate from
+    # asking for two of them on a one-GPU machine.
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
     return env
 
 

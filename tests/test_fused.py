@@ -8,22 +8,12 @@ import torch
 from trl_emo.losses import CostEmbedding, HeadTransform, fused_linear_loss, get_loss, register_loss, unregister_loss
 from trl_emo.losses.fused import auto_chunk_size
 
+from loss_cases import case_id, cases
+
 V, H = 101, 24
 
-CASES = [
-    ("nll", {}),
-    ("gem", {"beta": 0.7, "h": "linear"}),
-    ("gem", {"beta": 0.5, "h": "logsigmoid"}),
-    ("gem", {"beta": 1.0, "h": "linear"}),
-    ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
-    ("emo", {"weighting": "emo", "demd": "paper", "ratio_cap": 3.0}),
-    ("emo", {"weighting": "none", "demd": "reference", "ratio_cap": None}),
-    ("tailr", {"gamma": 0.8, "min_weight": None}),
-    ("tailr", {"gamma": 0.7, "min_weight": 0.2}),
-    ("mixce", {"gamma": 0.7}),
-    ("ce_entropy", {"coef": 0.1}),
-]
-IDS = [f"{name}-{'-'.join(str(v) for v in hp.values())}" for name, hp in CASES]
+CASES = cases()
+IDS = [case_id(name, hp) for name, hp in CASES]
 
 
 def make_inputs(dtype=torch.float32, n_rows=3, seq=17, seed=0, bias=False):
@@ -182,7 +172,7 @@ def test_frozen_head_gets_no_gradient_and_hidden_still_does():
     assert rel_close(gh, torch.autograd.grad(ref, hidden)[0])
 
 
-@pytest.mark.parametrize(("name", "hp"), CASES[:5], ids=IDS[:5])
+@pytest.mark.parametrize(("name", "hp"), CASES, ids=IDS)
 def test_all_masked_micro_batch_is_zero_and_back_propagates(name, hp):
     hidden, weight, _, labels, cost = make_inputs()
     labels[:] = -100

@@ -15,9 +15,7 @@ from trl_emo.losses import (
     CostEmbedding,
     causal_lm_loss,
     ce_entropy_per_token,
-    emo_loss,
     emo_per_token,
-    gem_loss,
     gem_per_token,
     mixce_per_token,
     nll_per_token,
@@ -100,7 +98,7 @@ def emo_reference(logits, labels, embedding, weighting="mle", demd="reference", 
     [
         nll_per_token,
         lambda z, y: ce_entropy_per_token(z, y, coef=0.3),
-        lambda z, y: emo_per_token(z, y, cost_embedding=EMB64, weighting="none", demd="paper"),
+        lambda z, y: emo_per_token(z, y, cost_embedding=EMB64, weighting="none", demd="paper", ratio_cap=None),
     ],
     ids=["nll", "ce_entropy", "emo_demd_paper"],
 )
@@ -167,7 +165,7 @@ def test_gem_linear_is_beta_times_cross_entropy_at_temperature_beta(z, y):
 
 def test_gem_rejects_unknown_h(z, y):
     with pytest.raises(ValueError, match="linear"):
-        gem_per_token(z, y, h="tanh")
+        gem_per_token(z, y, beta=0.7, h="tanh")
 
 
 # -- EMO ----------------------------------------------------------------------------------
@@ -192,15 +190,15 @@ def test_emo_demd_gradient_is_p_times_cbar_minus_c(z, y, emb):
     c = e[y] @ e.t()
     p = torch.softmax(z.detach(), -1)
     c_bar = (p * c).sum(-1, keepdim=True)
-    grad = grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="none", demd="paper"), z)
+    grad = grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="none", demd="paper", ratio_cap=None), z)
     assert torch.allclose(grad, p * (c_bar - c), atol=1e-12)
-    value = emo_per_token(z, y, cost_embedding=emb, weighting="none", demd="paper")
+    value = emo_per_token(z, y, cost_embedding=emb, weighting="none", demd="paper", ratio_cap=None)
     assert torch.allclose(value, 1 - (p * c).sum(-1), atol=1e-12)
 
 
 def test_emo_reference_and_paper_values_differ_by_p_y_and_share_gradient(z, y, emb):
     def value(x, demd):
-        return emo_per_token(x, y, cost_embedding=emb, weighting="none", demd=demd)
+        return emo_per_token(x, y, cost_embedding=emb, weighting="none", demd=demd, ratio_cap=None)
 
     p_y = torch.softmax(z.detach(), -1).gather(-1, y[:, None]).squeeze(-1)
     assert torch.allclose(value(z, "reference") - value(z, "paper"), p_y, atol=1e-12)
@@ -209,19 +207,19 @@ def test_emo_reference_and_paper_values_differ_by_p_y_and_share_gradient(z, y, e
 
 def test_emo_mle_weighting_formula(z, y, emb):
     nll = F.cross_entropy(z, y, reduction="none").detach()
-    emo = emo_per_token(z, y, cost_embedding=emb, weighting="none").detach()
+    emo = emo_per_token(z, y, cost_embedding=emb, weighting="none", demd="reference", ratio_cap=None).detach()
     expected_grad = 0.5 * (
         grad_of(lambda x: F.cross_entropy(x, y, reduction="none"), z)
-        + (nll / (emo + 1e-10))[:, None] * grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="none"), z)
+        + (nll / (emo + 1e-10))[:, None] * grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="none", demd="reference", ratio_cap=None), z)
     )
-    got = grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="mle"), z)
+    got = grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting="mle", demd="reference", ratio_cap=None), z)
     assert torch.allclose(got, expected_grad, atol=1e-12)
 
 
 def test_emo_ratio_cap_bounds_the_weight(z, y, emb):
-    capped = emo_per_token(z, y, cost_embedding=emb, weighting="mle", ratio_cap=0.5)
+    capped = emo_per_token(z, y, cost_embedding=emb, weighting="mle", demd="reference", ratio_cap=0.5)
     nll = F.cross_entropy(z, y, reduction="none")
-    emo = emo_per_token(z, y, cost_embedding=emb, weighting="none")
+    emo = emo_per_token(z, y, cost_embedding=emb, weighting="none", demd="reference", ratio_cap=None)
     ratio = nll / emo
     assert (ratio > 0.5).any(), "the test needs positions where the cap binds"
     assert torch.allclose(capped, 0.5 * (nll + ratio.clamp(max=0.5) * emo), atol=1e-12)
@@ -246,10 +244,10 @@ def test_tailr_and_mixce_formulas(z, y, gamma):
     nll = F.cross_entropy(z, y, reduction="none")
     tailr_w = p_y / (gamma + (1 - gamma) * p_y)
     mixce_w = gamma + (1 - gamma) * p_y
-    assert torch.allclose(tailr_per_token(z, y, gamma), tailr_w * nll, atol=1e-12)
+    assert torch.allclose(tailr_per_token(z, y, gamma, None), tailr_w * nll, atol=1e-12)
     assert torch.allclose(mixce_per_token(z, y, gamma), mixce_w * nll, atol=1e-12)
     ce_grad = p - one_hot(y)
-    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma), z), tailr_w[:, None] * ce_grad, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None), z), tailr_w[:, None] * ce_grad, atol=1e-12)
     assert torch.allclose(grad_of(lambda x: mixce_per_token(x, y, gamma), z), mixce_w[:, None] * ce_grad, atol=1e-12)
 
 
@@ -283,21 +281,27 @@ def test_causal_lm_loss_shifts_masks_and_reduces_by_num_items():
     assert torch.allclose(scaled * 3, loss, atol=1e-12)
 
 
+GEM_HP = {"beta": 0.7, "h": "linear"}
+EMO_HP = {"weighting": "mle", "demd": "reference", "ratio_cap": None}
+
+
 def test_half_precision_logits_are_computed_in_float32():
     torch.manual_seed(5)
     logits = torch.randn(2, 5, V, dtype=torch.bfloat16)
     labels = torch.randint(0, V, (2, 5))
-    loss = gem_loss(logits, labels, beta=0.7)
+    loss = causal_lm_loss(gem_per_token, logits, labels, **GEM_HP)
     assert loss.dtype == torch.float32
-    assert torch.allclose(loss, gem_loss(logits.float(), labels, beta=0.7), atol=1e-6)
-    emo = emo_loss(logits, labels, torch.randn(V, D))
+    assert torch.allclose(loss, causal_lm_loss(gem_per_token, logits.float(), labels, **GEM_HP), atol=1e-6)
+    emo = causal_lm_loss(emo_per_token, logits, labels, cost_embedding=torch.randn(V, D), **EMO_HP)
     assert emo.dtype == torch.float32
 
 
 def test_all_masked_batch_is_a_zero_that_back_propagates():
     logits = torch.randn(2, 4, V, requires_grad=True)
     labels = torch.full((2, 4), -100)
-    for loss in (gem_loss(logits, labels), emo_loss(logits, labels, torch.randn(V, D)), causal_lm_loss(nll_per_token, logits, labels)):
+    gem = causal_lm_loss(gem_per_token, logits, labels, **GEM_HP)
+    emo = causal_lm_loss(emo_per_token, logits, labels, cost_embedding=torch.randn(V, D), **EMO_HP)
+    for loss in (gem, emo, causal_lm_loss(nll_per_token, logits, labels)):
         assert loss.item() == 0.0
         (grad,) = torch.autograd.grad(loss, logits)
         assert torch.equal(grad, torch.zeros_like(grad))

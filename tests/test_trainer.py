@@ -250,8 +250,22 @@ def test_lora_trains_and_keeps_the_head_frozen(tmp_path, make_model, tokenizer, 
     trainer.train()
     assert dataset_cross_entropy(trainer) < before
     assert torch.equal(trainer.model.get_output_embeddings().weight, head_before)
-    # A frozen head can always be re-read, so its snapshot is not written next to the checkpoint.
+    # A frozen head can always be re-read, so its snapshot is not written next to the checkpoint,
+    # and it is its own snapshot: EMO allocates no second copy of the head.
     assert not (tmp_path / "checkpoint-10" / "trl_emo_cost_embedding.safetensors").exists()
+    head = trainer.model.get_output_embeddings().weight
+    assert trainer._objective.cost.weight.data_ptr() == head.data_ptr()
+
+
+def test_a_trained_head_gets_its_own_frozen_snapshot(tmp_path, make_model, tokenizer, pc_dataset):
+    args = cpu_config(tmp_path, loss_type="emo", max_steps=2)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    head_before = trainer.model.get_output_embeddings().weight.detach().clone()
+    trainer.train()
+    head = trainer.model.get_output_embeddings().weight
+    assert trainer._objective.cost.weight.data_ptr() != head.data_ptr()
+    assert not torch.equal(head, head_before)  # the head trained ...
+    assert torch.equal(trainer._objective.cost.weight, head_before)  # ... and the snapshot did not move
 
 
 def test_lora_on_the_head_is_a_clear_error(tmp_path, make_model, tokenizer, pc_dataset):
@@ -268,7 +282,10 @@ def test_qlora_4bit_nf4_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):
 
     make_model(hidden_size=64, intermediate_size=128).save_pretrained(str(tmp_path / "base"))
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), quantization_config=quant, dtype=torch.float32)
+    # device_map: a CPU test on every machine (bitsandbytes would otherwise quantize onto a present GPU).
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "base"), quantization_config=quant, dtype=torch.float32, device_map={"": "cpu"}
+    )
     assert getattr(model, "is_loaded_in_4bit", False)
     peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
     args = cpu_config(tmp_path / "out", loss_type="gem", max_steps=8, learning_rate=1e-2)

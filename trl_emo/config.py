@@ -8,6 +8,7 @@ from typing import Any
 
 from trl import SFTConfig as _TRLSFTConfig
 
+from .losses import BACKENDS as FUSED_BACKENDS
 from .losses import get_loss, list_losses
 from .losses.registry import TRL_LOSS_TYPES
 
@@ -38,9 +39,18 @@ class SFTConfig(_TRLSFTConfig):
             How a trl_emo loss is computed. `"fused"`: from the final hidden states and the output embedding in
             chunks of positions, never building the whole batch's logits (the memory of TRL's own loss).
             `"logits"`: from the model's full logits, the reference implementation (more memory).
+        fused_backend (`str`, *optional*, defaults to `"auto"`):
+            Kernels of the fused implementation. `"auto"`: Triton kernels on a CUDA GPU when Triton is installed
+            (logits in the compute dtype, one kernel per chunk writing the loss, the logged statistics and the
+            gradient in place), the PyTorch chunk kernels otherwise (the CPU path). `"triton"` or `"torch"` force one.
+            A loss registered without a Triton kernel always runs the PyTorch path.
         fused_chunk_size (`int`, *optional*):
-            Target positions per chunk in the fused implementation. Defaults to the number of positions whose
-            float32 logits take 128 MiB (1,048 at a 32,000-token vocabulary, 261 at 128,256).
+            Target positions per chunk in the fused implementation. Overrides `fused_chunk_memory_mb`.
+        fused_chunk_memory_mb (`float`, *optional*):
+            Memory budget in MiB for one chunk's `[positions, vocabulary]` buffers; the chunk size follows from it.
+            Defaults to 256 on the Triton path (1,024 positions of a bf16 128,256-token vocabulary; EMO, which needs a
+            second buffer, 512) and 512 on the PyTorch path (four float32 buffers: 1,048 positions at 32,000 tokens).
+            Larger chunks keep the products efficient; smaller ones save memory.
         gem_beta (`float`, *optional*, defaults to `0.7`):
             GEM's `beta` in (0, 1]: the temperature of the stop-gradient copy of the model. `1.0` with
             `gem_h="linear"` gives exactly the cross-entropy gradient.
@@ -96,9 +106,17 @@ class SFTConfig(_TRLSFTConfig):
             "logits).",
         },
     )
+    fused_backend: str = field(
+        default="auto",
+        metadata={"help": "Fused-loss kernels: 'auto' (Triton on CUDA, PyTorch otherwise), 'triton' or 'torch'."},
+    )
     fused_chunk_size: int | None = field(
         default=None,
-        metadata={"help": "Target positions per chunk of the fused loss (default: 128 MiB of float32 logits)."},
+        metadata={"help": "Target positions per chunk of the fused loss (overrides fused_chunk_memory_mb)."},
+    )
+    fused_chunk_memory_mb: float | None = field(
+        default=None,
+        metadata={"help": "MiB for one chunk's [positions, vocab] buffers (default 256 with Triton, 512 with PyTorch)."},
     )
     gem_beta: float = field(default=0.7, metadata={"help": "GEM beta in (0, 1]."})
     gem_h: str = field(default="linear", metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
@@ -143,6 +161,14 @@ class SFTConfig(_TRLSFTConfig):
             )
         if self.fused_chunk_size is not None and (not isinstance(self.fused_chunk_size, int) or self.fused_chunk_size < 1):
             raise ValueError(f"fused_chunk_size must be a positive integer, got {self.fused_chunk_size!r}.")
+        if self.fused_backend not in FUSED_BACKENDS:
+            raise ValueError(f"fused_backend must be one of {', '.join(FUSED_BACKENDS)}, got {self.fused_backend!r}.")
+        if self.fused_chunk_memory_mb is not None and not (
+            isinstance(self.fused_chunk_memory_mb, (int, float))
+            and not isinstance(self.fused_chunk_memory_mb, bool)
+            and self.fused_chunk_memory_mb > 0
+        ):
+            raise ValueError(f"fused_chunk_memory_mb must be a positive number, got {self.fused_chunk_memory_mb!r}.")
         if not isinstance(self.emo_cost_embedding, str) or not self.emo_cost_embedding:
             raise ValueError(
                 f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."

@@ -17,7 +17,7 @@ import torch
 from transformers.utils import ModelOutput
 
 from .losses.fused import HeadTransform
-from .losses.functional import select_targets
+from .losses import select_targets
 
 
 def head_transform(model) -> HeadTransform:

@@ -14,8 +14,7 @@ import os
 import torch
 
 from .fused_head import head_parameters
-from .losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding
-from .losses.functional import select_targets, token_statistics
+from .losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
 from .losses.fused import FusedLossOutput, HeadTransform
 
 logger = logging.getLogger(__name__)
@@ -42,12 +41,22 @@ def _check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
 class Objective:
     """`loss_type` + hyper-parameters + cost embedding, computed fused or from logits."""
 
-    def __init__(self, loss_type: str, hparams: dict, cost_source: str = "frozen", chunk_size: int | None = None,
-                 trust_remote_code: bool = False):
+    def __init__(
+        self,
+        loss_type: str,
+        hparams: dict,
+        cost_source: str = "frozen",
+        chunk_size: int | None = None,
+        trust_remote_code: bool = False,
+        chunk_memory: int | None = None,
+        backend: str = "auto",
+    ):
         self.spec = get_loss(loss_type)
         self.hparams = dict(hparams)
         self.cost_source = cost_source if self.spec.uses_cost_embedding else None
         self.chunk_size = chunk_size
+        self.chunk_memory = chunk_memory
+        self.backend = backend
         self.trust_remote_code = trust_remote_code
         self.cost: CostEmbedding | None = None
 
@@ -69,9 +78,17 @@ class Objective:
             from trl.trainer.utils import maybe_gather_lm_head_ctx
 
             with maybe_gather_lm_head_ctx(weight):
-                full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
-                # The snapshot keeps the head's dtype: widening to float32 later is exact.
-                self.cost = CostEmbedding(full.detach().clone(), source="a frozen snapshot of the output embedding")
+                if hasattr(weight, "full_tensor"):  # FSDP2: a gathered copy
+                    full = weight.full_tensor().detach()
+                elif weight.requires_grad or hasattr(weight, "ds_id"):
+                    # A training head changes, and a ZeRO-3 head is re-partitioned after the
+                    # gather: both need a copy. It keeps the head's dtype (widening is exact).
+                    full = weight.detach().clone()
+                else:
+                    # A frozen head (LoRA, QLoRA) never changes: it is its own snapshot, and a
+                    # copy would only cost another head's worth of memory.
+                    full = weight.detach()
+                self.cost = CostEmbedding(full, source="a frozen snapshot of the output embedding")
         else:
             self.cost = load_cost_embedding(self.cost_source, trust_remote_code=self.trust_remote_code).to(weight.device)
         self.cost.check_vocab(output_vocab_size(model))
@@ -118,7 +135,9 @@ class Objective:
             bias=bias,
             num_items_in_batch=num_items_in_batch,
             chunk_size=self.chunk_size,
+            chunk_memory=self.chunk_memory,
             transform=transform,
+            backend=self.backend,
         )
 
     def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> tuple[FusedLossOutput, torch.Tensor]:

@@ -73,6 +73,8 @@ class SFTTrainer(_TRLSFTTrainer):
                 cost_source=args.emo_cost_embedding,
                 chunk_size=args.fused_chunk_size,
                 trust_remote_code=args.trust_remote_code,
+                chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
+                backend=args.fused_backend,
             )
             # TRL's own checks only know 'nll' and 'dft'; it builds everything else the same way.
             loss_type, args.loss_type = args.loss_type, "nll"

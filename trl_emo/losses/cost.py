@@ -23,6 +23,19 @@ _NORM_EPS = 1e-12
 _TENSOR_KEYS = ("cost_embedding", "embedding", "weight", "lm_head.weight")
 
 
+# Rows per step when computing norms: a float32 copy of a whole bf16 head would be 2 GiB at
+# Llama-3's size, and the live (`lm_head`) cost recomputes the norms at every step.
+_NORM_ROWS = 16384
+
+
+def _row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """L2 norm of every row, in float64 for float64 tables (gradcheck) and float32 otherwise."""
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    if weight.shape[0] <= _NORM_ROWS:
+        return weight.to(dtype).norm(dim=-1)
+    return torch.cat([weight[i : i + _NORM_ROWS].to(dtype).norm(dim=-1) for i in range(0, weight.shape[0], _NORM_ROWS)])
+
+
 class CostEmbedding:
     """A `[V, d']` token embedding and its cosine similarities, for EMO's transport cost."""
 
@@ -33,9 +46,8 @@ class CostEmbedding:
             raise ValueError(f"An EMO cost embedding must hold floating-point values, got {weight.dtype} from {source}.")
         self.weight = weight.detach()
         self.source = source
-        # float64 tables (gradcheck) keep float64 norms; everything else gets float32 ones
-        norms = self.weight.to(torch.float64 if self.weight.dtype == torch.float64 else torch.float32).norm(dim=-1)
-        self.inv_norm = 1.0 / norms.clamp_min(_NORM_EPS)
+        self.inv_norm = 1.0 / _row_norms(self.weight).clamp_min(_NORM_EPS)
+        self._casts: dict[torch.dtype, torch.Tensor] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -48,7 +60,16 @@ class CostEmbedding:
         moved.weight = self.weight.to(device)
         moved.inv_norm = self.inv_norm.to(device)
         moved.source = self.source
+        moved._casts = {}
         return moved
+
+    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The table in `dtype` for the GPU path's cost products; a cast is made once and kept."""
+        if self.weight.dtype == dtype:
+            return self.weight
+        if dtype not in self._casts:
+            self._casts[dtype] = self.weight.to(dtype)
+        return self._casts[dtype]
 
     def normalized(self) -> torch.Tensor:
         """`Ê`, the row-normalized embedding in float32 (`[V, d']`)."""

@@ -1,34 +1,73 @@
 """Every objective from hidden states and the head, chunk by chunk, never the whole logits.
 
 For `N` target positions with hidden states `h [N, H]` and a head `W [V, H]`, the positions are
-taken `chunk_size` at a time: the chunk's float32 logits are built, the kernel turns them into
-the loss and `∂ℓ/∂z`, and that is immediately folded into `∂h = (∂ℓ/∂z) W` and
-`∂W += (∂ℓ/∂z)^T h`. Peak extra memory is a few `[chunk_size, V]` float32 buffers, independent of
-batch size and sequence length. The gradient is formed during the forward pass (three products per
-chunk; recomputing the logits in backward would take four) and scaled by the incoming gradient in
-backward, so the function returns a scalar.
+taken a chunk at a time: the chunk's logits are built, a kernel turns them into the loss and
+`∂ℓ/∂z`, and that is immediately folded into `∂h = (∂ℓ/∂z) W` and `∂W += (∂ℓ/∂z)^T h`. Peak extra
+memory is the chunk's `[n, V]` buffers, independent of batch size and sequence length. The
+gradient is formed during the forward pass (three products per chunk; recomputing the logits in
+backward would take four) and scaled by the incoming gradient in backward, so the function
+returns a scalar.
+
+Two implementations of the chunk step, chosen by `backend`:
+
+- `"triton"` (the default on CUDA when Triton is installed): the logits product in the compute
+  dtype (bf16/fp16 output, float32 accumulation inside cuBLAS), then the loss's Triton row kernel
+  reads each row once or twice and writes the statistics and `∂ℓ/∂y` over the logits in place, so
+  one `[n, V]` buffer (two for EMO) serves the whole chunk; then the two gradient products. The
+  weight gradient accumulates in float32 when the head is float32 (autocast training) and in the
+  head's dtype otherwise, one rounding per chunk, like Liger's and TRL's kernels (a float32
+  accumulator for a bf16 head would cost twice the head's size; `docs/benchmarks.md` has the
+  measured error).
+- `"torch"` (the CPU path, the fallback, and losses registered without a row kernel): float32
+  logits and the loss's closed-form PyTorch chunk kernel (or autograd on its per-token function),
+  float64 kept for gradcheck.
+
+Chunk size: `chunk_size` positions when given, else as many as fit a memory budget for the
+chunk's `[n, V]` buffers (`chunk_memory` bytes; defaults below), bounded to keep the products
+efficient.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from .kernels import autograd_kernel
-from .precision import addmm_float32_, mm_float32
+from . import _triton
+from ._common import autograd_chunk
+from .precision import accumulate_product_, addmm_float32_, mm_float32
 from .registry import LossSpec
 
-# Bytes of one [chunk, V] float32 buffer when `chunk_size` is not given. A kernel keeps about
-# four such buffers alive (logits, probabilities, gradient, and q or the cost similarities).
-DEFAULT_CHUNK_BYTES = 128 * 2**20
-# Bounds of the automatic chunk size: small chunks starve the matrix units, large ones only
-# cost memory.
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "triton", "torch")
+# Memory for one chunk's [n, V] buffers when none is given. The PyTorch kernels keep about four
+# float32 buffers alive (logits, probabilities, gradient, and q or the cost similarities): 4 x 128
+# MiB. The Triton path keeps one buffer in the compute dtype (two for EMO): 256 MiB gives 1,024
+# rows of a bf16 128k-vocabulary chunk, large enough for efficient products, and keeps a
+# Llama-3-8B-sized loss (head gradient included) within 1.5 GiB.
+DEFAULT_TORCH_CHUNK_MEMORY = 4 * 128 * 2**20
+DEFAULT_TRITON_CHUNK_MEMORY = 256 * 2**20
+_TORCH_BUFFERS = 4
+# Bounds of the chunk size: small chunks starve the matrix units, large ones only cost memory.
 _MIN_CHUNK, _MAX_CHUNK = 64, 8192
+# The Triton path rounds its chunks to this many rows (whole GEMM tiles).
+_ROW_GRANULE = 64
+
+# Losses whose row kernel failed to compile on this machine: they run the PyTorch path instead
+# (only under backend="auto"; an explicit backend="triton" raises).
+_BROKEN_ROW_KERNELS: dict[str, str] = {}
 
 
-def auto_chunk_size(vocab_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    return int(min(_MAX_CHUNK, max(_MIN_CHUNK, chunk_bytes // (4 * vocab_size))))
+def auto_chunk_size(vocab_size: int, chunk_memory: int | None = None, bytes_per_row: int | None = None) -> int:
+    """Positions per chunk whose `[n, V]` buffers fit `chunk_memory` bytes.
+
+    `bytes_per_row` defaults to the PyTorch path's (four float32 buffers).
+    """
+    chunk_memory = DEFAULT_TORCH_CHUNK_MEMORY if chunk_memory is None else chunk_memory
+    bytes_per_row = bytes_per_row or _TORCH_BUFFERS * 4 * vocab_size
+    return int(min(_MAX_CHUNK, max(_MIN_CHUNK, chunk_memory // bytes_per_row)))
 
 
 @dataclass
@@ -62,69 +101,179 @@ class HeadTransform:
 STAT_ROWS = ("token_losses", "nll", "entropy", "is_top1")
 
 
+@dataclass
+class _Needs:
+    hidden: bool
+    weight: bool
+    bias: bool
+
+    @property
+    def any(self) -> bool:
+        return self.hidden or self.weight or self.bias
+
+
+@dataclass
+class _Plan:
+    """Everything about one call except the tensors that autograd tracks."""
+
+    spec: LossSpec
+    hparams: dict
+    transform: HeadTransform
+    backend: str  # "triton" or "torch", resolved
+    chunk_size: int | None
+    chunk_memory: int | None
+    compute_dtype: torch.dtype
+    want_grad: bool
+    fp32_weight_grad: bool = False
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        # Extra metrics come from a loss's own kernels; autograd on `per_token` yields none.
+        has_kernel = self.spec.row_kernel if self.backend == "triton" else self.spec.chunk_kernel
+        return self.spec.metrics if has_kernel is not None else ()
+
+    def chunk_rows(self, vocab: int, n_tokens: int) -> int:
+        if self.chunk_size is not None:
+            return self.chunk_size
+        if self.backend == "torch":
+            return auto_chunk_size(vocab, self.chunk_memory)
+        per_row = vocab * torch.tensor([], dtype=self.compute_dtype).element_size() * (1 + self.spec.row_buffers)
+        budget = DEFAULT_TRITON_CHUNK_MEMORY if self.chunk_memory is None else self.chunk_memory
+        rows = max(_ROW_GRANULE, budget // per_row // _ROW_GRANULE * _ROW_GRANULE)
+        rows = min(rows, _MAX_CHUNK)
+        # Never allocate more rows than there are positions.
+        return int(min(rows, -(-n_tokens // _ROW_GRANULE) * _ROW_GRANULE))
+
+
+def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs):
+    """The PyTorch chunk step: float32 logits, closed-form (or autograd) kernel, float32 accumulation."""
+    n_tokens = hidden.shape[0]
+    kernel = plan.spec.chunk_kernel or autograd_chunk(plan.spec.per_token)
+    acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    stats = torch.empty(len(STAT_ROWS) + len(plan.metric_names), n_tokens, device=hidden.device, dtype=acc_dtype)
+    grad_hidden = torch.empty(hidden.shape, device=hidden.device, dtype=acc_dtype) if needs.hidden else None
+    grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if needs.weight else None
+    grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=acc_dtype) if needs.bias else None
+    compute_dtype = plan.compute_dtype
+    w = weight.to(compute_dtype)
+    chunk_size = plan.chunk_rows(weight.shape[0], n_tokens)
+    for start in range(0, n_tokens, chunk_size):
+        end = min(start + chunk_size, n_tokens)
+        h = hidden[start:end].to(compute_dtype)
+        z = mm_float32(h, w.t())
+        if bias is not None:
+            z.add_(bias.to(z.dtype))
+        plan.transform.apply_(z)
+        result = kernel(z, targets[start:end], needs.any, **plan.hparams)
+        stats[0, start:end] = result.values
+        stats[1, start:end] = result.nll
+        stats[2, start:end] = result.entropy
+        stats[3, start:end] = result.is_top1
+        for row, name in enumerate(plan.metric_names, start=len(STAT_ROWS)):
+            stats[row, start:end] = result.metrics[name]
+        if not needs.any:
+            continue
+        grad_z = plan.transform.chain_(result.grad.mul_(scale), z)
+        del z, result
+        if needs.bias:
+            grad_bias += grad_z.sum(0)
+        # Like the rest of the backward pass, the logits gradient enters the products in the
+        # compute dtype; the products accumulate in float32.
+        grad_z = grad_z.to(compute_dtype)
+        if needs.hidden:
+            grad_hidden[start:end] = mm_float32(grad_z, w)
+        if needs.weight:
+            addmm_float32_(grad_weight, grad_z.t(), h)
+    return stats, (
+        None if grad_hidden is None else grad_hidden.to(hidden.dtype),
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None else grad_bias.to(bias.dtype),
+    )
+
+
+def _target_logits(h, w, bias, targets, transform: HeadTransform) -> torch.Tensor:
+    """`z_y` of every row as a float32 dot product (see `_triton.py` for why not from the logits)."""
+    z_y = torch.linalg.vecdot(h.float(), w[targets].float())
+    if bias is not None:
+        z_y += bias[targets].float()
+    return transform.apply_(z_y)
+
+
+def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs):
+    """The GPU chunk step: compute-dtype logits, one row-kernel launch per chunk, in-place gradient."""
+    n_tokens, vocab = hidden.shape[0], weight.shape[0]
+    device, cd = hidden.device, plan.compute_dtype
+    stats = torch.empty(len(STAT_ROWS) + len(plan.metric_names), n_tokens, device=device, dtype=torch.float32)
+    w = weight if weight.dtype == cd else weight.to(cd)
+    h_all = hidden if hidden.dtype == cd else hidden.to(cd)
+    rows = plan.chunk_rows(vocab, n_tokens)
+    buffer = torch.empty(rows, vocab, device=device, dtype=cd)
+    scratch = [torch.empty(rows, vocab, device=device, dtype=cd) for _ in range(plan.spec.row_buffers)]
+    # bf16 has float32's range, so 1/N goes into the kernel (no host sync). fp16 would flush the
+    # small entries of (p - e_y)/N to zero: there the kernel writes the unscaled gradient and
+    # the products apply 1/N in float32 (`alpha`).
+    if cd == torch.float16:
+        grad_scale = torch.ones(1, device=device, dtype=torch.float32)
+        alpha = float(scale)
+    else:
+        grad_scale = scale.to(torch.float32).reshape(1)
+        alpha = 1.0
+    grad_hidden = torch.empty(hidden.shape, device=device, dtype=hidden.dtype) if needs.hidden else None
+    weight_acc_dtype = torch.float32 if plan.fp32_weight_grad else weight.dtype
+    grad_weight = torch.zeros(weight.shape, device=device, dtype=weight_acc_dtype) if needs.weight else None
+    grad_bias = torch.zeros(bias.shape, device=device, dtype=torch.float32) if needs.bias else None
+    for start in range(0, n_tokens, rows):
+        end = min(start + rows, n_tokens)
+        n = end - start
+        h = h_all[start:end]
+        z = buffer[:n]
+        torch.mm(h, w.t(), out=z)
+        chunk_targets = targets[start:end]
+        launch = _triton.RowLaunch(
+            z=z,
+            targets=chunk_targets,
+            target_logits=_target_logits(h, w, bias, chunk_targets, plan.transform),
+            bias=bias,
+            stats=stats[:, start:end],
+            grad_scale=grad_scale,
+            logit_scale=plan.transform.logit_scale,
+            softcap=plan.transform.softcap,
+            write_grad=needs.any,
+            scratch=[s[:n] for s in scratch],
+        )
+        plan.spec.row_kernel(launch, **plan.hparams)
+        if not needs.any:
+            continue
+        # `z` now holds ∂ℓ/∂y for the chunk.
+        if needs.bias:
+            grad_bias.add_(z.sum(0, dtype=torch.float32), alpha=alpha)
+        if needs.hidden:
+            if grad_hidden.dtype == cd:
+                torch.mm(z, w, out=grad_hidden[start:end])
+                if alpha != 1.0:
+                    grad_hidden[start:end].mul_(alpha)
+            else:
+                # A float32 `∂h` (autocast): the product leaves the GEMM in float32, before 1/N.
+                grad_hidden[start:end] = mm_float32(z, w).mul_(alpha)
+        if needs.weight:
+            accumulate_product_(grad_weight, z.t(), h, alpha=alpha)
+    return stats, (
+        grad_hidden,
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None else grad_bias.to(bias.dtype),
+    )
+
+
 class _FusedLinearLoss(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        hidden,
-        weight,
-        bias,
-        targets,
-        scale,
-        kernel,
-        hparams,
-        metric_names,
-        transform,
-        chunk_size,
-        compute_dtype,
-        want_grad,
-    ):
-        n_tokens, vocab = hidden.shape[0], weight.shape[0]
-        need_hidden = want_grad and ctx.needs_input_grad[0]
-        need_weight = want_grad and ctx.needs_input_grad[1]
-        need_bias = want_grad and bias is not None and ctx.needs_input_grad[2]
-        any_grad = need_hidden or need_weight or need_bias
-        acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-
-        stats = torch.empty(len(STAT_ROWS) + len(metric_names), n_tokens, device=hidden.device, dtype=acc_dtype)
-        grad_hidden = torch.empty(hidden.shape, device=hidden.device, dtype=acc_dtype) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if need_weight else None
-        grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=acc_dtype) if need_bias else None
-        w = weight.to(compute_dtype)
-
-        for start in range(0, n_tokens, chunk_size):
-            end = min(start + chunk_size, n_tokens)
-            h = hidden[start:end].to(compute_dtype)
-            z = mm_float32(h, w.t())
-            if bias is not None:
-                z.add_(bias.to(z.dtype))
-            transform.apply_(z)
-            result = kernel(z, targets[start:end], any_grad, **hparams)
-            stats[0, start:end] = result.values
-            stats[1, start:end] = result.nll
-            stats[2, start:end] = result.entropy
-            stats[3, start:end] = result.is_top1
-            for row, name in enumerate(metric_names, start=len(STAT_ROWS)):
-                stats[row, start:end] = result.metrics[name]
-            if not any_grad:
-                continue
-            grad_z = transform.chain_(result.grad.mul_(scale), z)
-            del z, result
-            if bias is not None and need_bias:
-                grad_bias += grad_z.sum(0)
-            # Like the rest of the backward pass, the logits gradient enters the products in the
-            # compute dtype; the products accumulate in float32.
-            grad_z = grad_z.to(compute_dtype)
-            if need_hidden:
-                grad_hidden[start:end] = mm_float32(grad_z, w)
-            if need_weight:
-                addmm_float32_(grad_weight, grad_z.t(), h)
-
-        grads = (
-            None if grad_hidden is None else grad_hidden.to(hidden.dtype),
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(bias.dtype),
+    def forward(ctx, hidden, weight, bias, targets, scale, plan: _Plan):
+        needs = _Needs(
+            hidden=plan.want_grad and ctx.needs_input_grad[0],
+            weight=plan.want_grad and ctx.needs_input_grad[1],
+            bias=plan.want_grad and bias is not None and ctx.needs_input_grad[2],
         )
+        run = _run_triton if plan.backend == "triton" else _run_torch
+        stats, grads = run(plan, hidden, weight, bias, targets, scale, needs)
         # Saved tensors (not plain ctx attributes) are freed as soon as backward has run.
         ctx.present = tuple(g is not None for g in grads)
         ctx.save_for_backward(*(g for g in grads if g is not None))
@@ -140,7 +289,7 @@ class _FusedLinearLoss(torch.autograd.Function):
         # scaling): then the stored gradients are scaled, otherwise handed over without a copy.
         if grad_loss is not None and not bool(grad_loss == 1):
             grads = [None if g is None else g * grad_loss.to(g.dtype) for g in grads]
-        return (*grads, None, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None)
 
 
 @dataclass
@@ -155,6 +304,31 @@ class FusedLossOutput:
     metrics: dict[str, torch.Tensor]
 
 
+def resolve_backend(backend: str, spec: LossSpec, device: torch.device, dtype: torch.dtype) -> str:
+    """`"triton"` or `"torch"` for this call (see the module docstring)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"fused backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if backend == "torch":
+        return "torch"
+    usable = spec.row_kernel is not None and dtype != torch.float64 and _triton.triton_usable(device, backend == "triton")
+    if backend == "triton":
+        if not usable:
+            why = (
+                "Triton is not installed" if not _triton.HAS_TRITON
+                else f"the loss {spec.name!r} has no row kernel" if spec.row_kernel is None
+                else "float64 inputs run on the PyTorch path" if dtype == torch.float64
+                else f"tensors on {device.type} need CUDA (or TRITON_INTERPRET=1 on the CPU)"
+            )
+            raise ValueError(f"fused backend 'triton' is not available here: {why}.")
+        return "triton"
+    return "triton" if usable and spec.name not in _BROKEN_ROW_KERNELS else "torch"
+
+
+def _is_triton_build_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith("triton") and type(exc).__name__ in ("CompilationError", "OutOfResources", "PTXASError")
+
+
 def fused_linear_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -165,56 +339,69 @@ def fused_linear_loss(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     chunk_size: int | None = None,
+    chunk_memory: int | None = None,
     transform: HeadTransform | None = None,
+    backend: str = "auto",
+    fp32_weight_grad: bool = False,
 ) -> FusedLossOutput:
     """`Σ_t ℓ_t / N` for the positions `hidden [N, H]` (already without `-100`) and head `weight`.
 
     `N` is `num_items_in_batch` when given, else the number of positions. `hparams` are the
-    loss's keyword arguments (for EMO, `cost_embedding` among them). With no positions the loss
-    is an exact zero that is still connected to `hidden` and `weight`, so an all-masked
-    micro-batch back-propagates (zeros) like any other.
+    loss's keyword arguments (for EMO, `cost_embedding` among them). `backend`: `"auto"`
+    (Triton row kernels on CUDA when available, else PyTorch), `"triton"` or `"torch"`.
+    `chunk_size` (positions) or `chunk_memory` (bytes for one chunk's `[n, V]` buffers) set the
+    chunking. With no positions the loss is an exact zero that is still connected to `hidden`
+    and `weight`, so an all-masked micro-batch back-propagates (zeros) like any other.
     """
     hparams = dict(hparams or {})
     transform = transform or HeadTransform()
-    kernel = spec.chunk_kernel or autograd_kernel(spec.per_token)
-    metric_names = spec.metrics if spec.chunk_kernel is not None else ()
     device = hidden.device
-    if "cost_embedding" in hparams and hparams["cost_embedding"] is not None:
+    if hparams.get("cost_embedding") is not None:
         hparams["cost_embedding"] = hparams["cost_embedding"].to(device)
 
     count = hidden.shape[0] if num_items_in_batch is None else num_items_in_batch
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     scale = 1.0 / torch.as_tensor(count, device=device, dtype=acc_dtype).clamp(min=1)
+    compute_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+    resolved = resolve_backend(backend, spec, device, compute_dtype)
 
     if hidden.shape[0] == 0:
+        metric_names = spec.metrics if (spec.row_kernel if resolved == "triton" else spec.chunk_kernel) else ()
         zero = hidden.sum() * 0.0 + weight.sum() * 0.0
         if bias is not None:
             zero = zero + bias.sum() * 0.0
         empty = hidden.new_zeros(0, dtype=acc_dtype)
         return FusedLossOutput(zero.to(acc_dtype), empty, empty, empty, empty, {m: empty for m in metric_names})
 
-    compute_dtype = (
-        torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
-    )
-    chunk = chunk_size or auto_chunk_size(weight.shape[0])
     want_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    plan = _Plan(
+        spec=spec,
+        hparams=hparams,
+        transform=transform,
+        backend=resolved,
+        chunk_size=chunk_size,
+        chunk_memory=chunk_memory,
+        compute_dtype=compute_dtype,
+        want_grad=want_grad,
+        fp32_weight_grad=fp32_weight_grad,
+    )
     # Autocast would silently run the float32 products in half precision again.
     with torch.autocast(device.type, enabled=False):
-        loss, stats = _FusedLinearLoss.apply(
-            hidden,
-            weight,
-            bias,
-            targets,
-            scale,
-            kernel,
-            hparams,
-            metric_names,
-            transform,
-            chunk,
-            compute_dtype,
-            want_grad,
-        )
-    metrics = {name: stats[len(STAT_ROWS) + i] for i, name in enumerate(metric_names)}
+        try:
+            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan)
+        except Exception as exc:
+            if resolved != "triton" or backend == "triton" or not _is_triton_build_error(exc):
+                raise
+            _BROKEN_ROW_KERNELS[spec.name] = f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "The Triton kernel of loss %r could not be built on this GPU (%s); using the PyTorch chunk path "
+                "(slower, same result). Set fused_backend='torch' to silence this.",
+                spec.name,
+                _BROKEN_ROW_KERNELS[spec.name].splitlines()[0][:300],
+            )
+            plan.backend = "torch"
+            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan)
+    metrics = {name: stats[len(STAT_ROWS) + i] for i, name in enumerate(plan.metric_names)}
     return FusedLossOutput(loss, stats[0], stats[1], stats[2], stats[3], metrics)

@@ -32,3 +32,18 @@ def addmm_float32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def accumulate_product_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> None:
+    """`acc += alpha * (a @ b)` in place, for an accumulator in the inputs' dtype or in float32.
+
+    In the inputs' dtype, the product accumulates in float32 inside the GEMM and `acc` is rounded
+    once per call. A float32 accumulator of half-precision inputs uses `out_dtype` on CUDA (no
+    widened copies of the inputs).
+    """
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b, alpha=alpha)
+    elif _native_fp32_out(a) and acc.dtype == torch.float32:
+        torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype), alpha=alpha)

@@ -3,7 +3,9 @@
 A loss is registered with a *per-token* function of float logits and targets. That function is
 the reference (the logits path uses it directly, through autograd). A loss may also provide a
 *chunk kernel*, a closed-form value-and-gradient for one chunk of positions, which the fused path
-uses; a loss without one still runs fused, through autograd on each chunk.
+uses on the CPU, and a Triton *row kernel*, which it uses on a GPU; a loss without them still
+runs fused, through autograd on each chunk. The built-in losses are one module each
+(`nll.py`, `gem.py`, ...), registered by one line in `__init__.py`.
 
 Third-party packages register the same way, either by calling `register_loss` before building
 `SFTConfig`, or through the `trl_emo.losses` entry-point group (loaded on the first lookup).
@@ -34,6 +36,11 @@ class LossSpec:
             the reference definition of the loss (one value per target position).
         chunk_kernel: optional `kernel(z [n, V] float32, targets [n], want_grad, **hparams) ->
             ChunkResult`, the same loss with a closed-form gradient, used by the fused path.
+        row_kernel: optional `rows(launch: RowLaunch, **hparams)`, launching a Triton kernel that
+            writes the statistics and `∂ℓ/∂y` of one chunk in place (see `_triton.py`); the
+            fused path uses it on CUDA devices when Triton is installed.
+        row_buffers: extra `[n, V]` buffers the row kernel needs (`launch.scratch`), counted in the
+            fused path's memory budget (EMO: one, for its cost products).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
         uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
             (EMO's transport cost); the trainer builds it from `emo_cost_embedding`.
@@ -45,6 +52,8 @@ class LossSpec:
     name: str
     per_token: Callable[..., Any]
     chunk_kernel: Callable[..., Any] | None = None
+    row_kernel: Callable[..., Any] | None = None
+    row_buffers: int = 0
     config_fields: Mapping[str, str] = field(default_factory=dict)
     uses_cost_embedding: bool = False
     validate: Callable[[dict], None] | None = None
@@ -61,6 +70,8 @@ def register_loss(
     per_token: Callable[..., Any] | None = None,
     *,
     chunk_kernel: Callable[..., Any] | None = None,
+    row_kernel: Callable[..., Any] | None = None,
+    row_buffers: int = 0,
     config_fields: Mapping[str, str] | None = None,
     uses_cost_embedding: bool = False,
     validate: Callable[[dict], None] | None = None,
@@ -80,25 +91,22 @@ def register_loss(
         return -((1 - logp.exp()) ** gamma) * logp
     ```
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"A loss name must be a Python identifier, got {name!r}.")
-    if name == "dft":
-        # `nll` is registered by trl_emo itself (the reference for tests and benchmarks), so a
-        # second registration is caught below; `dft` exists only in TRL and stays TRL's.
-        raise ValueError(f"{name!r} is one of TRL's own loss types; pick another name.")
 
     def _register(fn):
-        if name in _REGISTRY and not overwrite:
-            raise ValueError(f"A loss named {name!r} is already registered; pass overwrite=True to replace it.")
-        _REGISTRY[name] = LossSpec(
-            name=name,
-            per_token=fn,
-            chunk_kernel=chunk_kernel,
-            config_fields=dict(config_fields or {}),
-            uses_cost_embedding=uses_cost_embedding,
-            validate=validate,
-            description=description,
-            metrics=tuple(metrics),
+        add_loss(
+            LossSpec(
+                name=name,
+                per_token=fn,
+                chunk_kernel=chunk_kernel,
+                row_kernel=row_kernel,
+                row_buffers=row_buffers,
+                config_fields=dict(config_fields or {}),
+                uses_cost_embedding=uses_cost_embedding,
+                validate=validate,
+                description=description,
+                metrics=tuple(metrics),
+            ),
+            overwrite=overwrite,
         )
         return fn
 
@@ -106,6 +114,21 @@ def register_loss(
         return _register
     _register(per_token)
     return _REGISTRY[name]
+
+
+def add_loss(spec: LossSpec, overwrite: bool = False) -> LossSpec:
+    """Register a complete `LossSpec` (what the built-in loss modules export as `LOSS`)."""
+    name = spec.name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"A loss name must be a Python identifier, got {name!r}.")
+    if name in TRL_LOSS_TYPES and name != "nll":
+        # `nll` is registered by trl_emo itself (the reference for tests and benchmarks), so a
+        # second registration is caught below; `dft` exists only in TRL and stays TRL's.
+        raise ValueError(f"{name!r} is one of TRL's own loss types; pick another name.")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"A loss named {name!r} is already registered; pass overwrite=True to replace it.")
+    _REGISTRY[name] = spec
+    return spec
 
 
 def unregister_loss(name: str) -> None:

@@ -1,0 +1,232 @@
+"""End-to-end trainer step time and peak memory: TRL's nll against trl_emo's losses, each in its own process.
+
+    python benchmarks/step_bench.py --shape llama-3.2-1b --batch 4 --seq 2048               # full fine-tuning, bf16
+    python benchmarks/step_bench.py --shape llama-3.2-1b --liger on off                      # with and without Liger
+    python benchmarks/step_bench.py --shape llama-3-8b --batch 2 --seq 2048 --qlora on       # QLoRA (nf4, LoRA r=16)
+    python benchmarks/step_bench.py --shape tiny --device cpu --steps 3 --warmup 1           # a CPU smoke run
+
+The model is randomly initialised from the named shape (no download); the data are random token
+sequences of exactly `--seq` tokens, every token trained. Every variant is `trl_emo.SFTTrainer`
+with one `loss_type` (`nll` is TRL's own loss, untouched), trained for `--warmup + --steps` optimizer
+steps; the step time is the median of the last `--steps` (CUDA synchronised at both ends of each
+step) and memory is `torch.cuda.max_memory_allocated()` over the run (peak RSS on the CPU).
+
+QLoRA: 4-bit nf4 with double quantisation, bf16 compute, LoRA r=16 on all linear layers, gradient
+checkpointing, the model saved once to `--cache` (random weights) so that bitsandbytes quantises it
+on load, as in a real run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+SHAPES = {
+    # Llama-3.2-1B: tied head, 128k vocabulary.
+    "llama-3.2-1b": dict(vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "llama-3-8b": dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, tie_word_embeddings=False),
+}
+VARIANTS = {
+    "nll": {"loss_type": "nll"},
+    "gem": {"loss_type": "gem"},
+    "gem_ls": {"loss_type": "gem", "gem_h": "logsigmoid"},
+    "emo": {"loss_type": "emo"},
+    "emo_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head"},
+    "gem_logits": {"loss_type": "gem", "loss_implementation": "logits"},
+    "emo_logits": {"loss_type": "emo", "loss_implementation": "logits"},
+}
+
+
+def _config(shape: str):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**SHAPES[shape], max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _model_folder(shape: str, cache: Path) -> Path:
+    """A saved random-init model of `shape` (QLoRA needs a folder to quantise on load)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = cache / f"random-{shape}"
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(_config(shape), dtype=torch.bfloat16)
+        model.save_pretrained(str(folder))
+        del model
+    return folder
+
+
+def worker(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from trl_emo import SFTConfig, SFTTrainer
+
+    cuda = args.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    torch.manual_seed(0)
+    config = _config(args.shape)
+    peft_config = None
+    if args.qlora:
+        from peft import LoraConfig
+        from transformers import BitsAndBytesConfig
+
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(_model_folder(args.shape, Path(args.cache))), quantization_config=quant,
+                                                     dtype=dtype, device_map={"": 0} if cuda else {"": "cpu"})
+        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    total_steps = args.warmup + args.steps
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, config.vocab_size, (args.batch * total_steps, args.seq), generator=gen)
+    dataset = Dataset.from_dict({"input_ids": ids.tolist()})
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times, self.start = [], None
+
+        def on_step_begin(self, *_, **__):
+            if cuda:
+                torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            if cuda:
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - self.start)
+
+    timer = StepTimer()
+    training_args = SFTConfig(
+        output_dir=tempfile.mkdtemp(prefix="step_bench_"),
+        **VARIANTS[args.variant],
+        use_liger_kernel=args.liger,
+        bf16=cuda,
+        use_cpu=not cuda,
+        per_device_train_batch_size=args.batch,
+        max_steps=total_steps,
+        max_length=args.seq,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        gradient_checkpointing=args.qlora,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = SFTTrainer(model=model, args=training_args, train_dataset=dataset, peft_config=peft_config,
+                         callbacks=[timer], processing_class=_tokenizer_stub(config))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    steps = timer.times[args.warmup:]
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    return {"variant": args.variant, "liger": args.liger, "qlora": args.qlora, "step_seconds": statistics.median(steps),
+            "steps_timed": len(steps), "peak_bytes": int(peak), "last_loss": losses[-1] if losses else None}
+
+
+def _tokenizer_stub(config):
+    """A minimal tokenizer for pre-tokenised data (the trainer only needs its special tokens and padding)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(config.vocab_size)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
+                                        bos_token="t1", eos_token="t2", pad_token="t0", unk_token="t3")
+    return tokenizer
+
+
+def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
+    cmd = [sys.executable, __file__, "--_worker", variant, "--shape", args.shape, "--batch", str(args.batch),
+           "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
+           "--cache", args.cache] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if result.returncode != 0:
+        tail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        return {"variant": variant, "liger": liger, "qlora": qlora, "error": tail}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def format_table(rows) -> str:
+    lines = ["| variant | Liger | QLoRA | step (s) | step / TRL nll | peak memory (GiB) |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | failed: {r['error'][:80]} | | |")
+            continue
+        base = next((b for b in rows if b["variant"] == "nll" and b["liger"] == r["liger"] and b["qlora"] == r["qlora"]
+                     and "step_seconds" in b), None)
+        ratio = f"{r['step_seconds'] / base['step_seconds']:.2f}" if base else "—"
+        lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | {r['step_seconds']:.3f} | {ratio} | "
+                     f"{r['peak_bytes'] / 2**30:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    parser.add_argument("--variants", nargs="+", default=["nll", "gem", "gem_ls", "emo", "emo_live"], choices=sorted(VARIANTS))
+    parser.add_argument("--liger", nargs="+", default=["off"], choices=["on", "off"], help="use_liger_kernel settings to run")
+    parser.add_argument("--qlora", nargs="+", default=["off"], choices=["on", "off"], help="QLoRA settings to run")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=9, help="timed steps (median)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "trl_emo_step_bench"), help="random models for QLoRA")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_liger", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_qlora", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args._worker:
+        args.variant, args.liger, args.qlora = args._worker, args._liger, args._qlora
+        print(json.dumps(worker(args)))
+        return 0
+
+    import torch
+
+    from trl_emo import __version__
+
+    command = "python benchmarks/step_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
+    print(f"# Trainer step benchmark, {date.today().isoformat()}\n\nMachine: {device}, torch {torch.__version__}, "
+          f"trl_emo {__version__}  \nCommand: `{command}`  \nShape: {args.shape}, batch {args.batch} x {args.seq} tokens; "
+          f"median of {args.steps} steps after {args.warmup}.\n", flush=True)
+    rows = []
+    for qlora in args.qlora:
+        for liger in args.liger:
+            for variant in args.variants:
+                rows.append(run_isolated(variant, liger == "on", qlora == "on", args))
+                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    print(format_table(rows), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": device, "command": command, "date": date.today().isoformat(),
+                                               "results": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

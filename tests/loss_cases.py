@@ -1,0 +1,49 @@
+"""The losses the kernel tests run: every registered loss at its `SFTConfig` defaults, plus variants.
+
+Looping over the registry means a new loss is tested by `test_fused.py` and
+`test_triton_kernels.py` as soon as it is registered with its config fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trl_emo.config import SFTConfig
+from trl_emo.losses import get_loss, list_losses
+
+# Settings other than the defaults that exercise other branches of a kernel.
+VARIANTS = {
+    "gem": [{"beta": 0.5, "h": "logsigmoid"}, {"beta": 1.0}],
+    "emo": [
+        {"weighting": "emo", "demd": "paper", "ratio_cap": 3.0},
+        {"weighting": "none"},
+        {"weighting": "mle", "ratio_cap": 0.5},
+    ],
+    "tailr": [{"gamma": 0.7, "min_weight": 0.2}],
+    "mixce": [{"gamma": 0.5}],
+    "ce_entropy": [{"coef": 0.3}],
+}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(SFTConfig)}
+
+
+def default_hparams(name: str) -> dict:
+    """The loss's hyper-parameters as `SFTConfig` sets them by default (the one place defaults live)."""
+    spec = get_loss(name)
+    return {kw: _FIELDS[attr].default for kw, attr in spec.config_fields.items()}
+
+
+def cases(require_row_kernel: bool = False) -> list[tuple[str, dict]]:
+    out = []
+    for name in list_losses(include_trl=False):
+        spec = get_loss(name)
+        if require_row_kernel and spec.row_kernel is None:
+            continue
+        base = default_hparams(name)
+        out.append((name, base))
+        out.extend((name, {**base, **variant}) for variant in VARIANTS.get(name, []))
+    return out
+
+
+def case_id(name: str, hp: dict) -> str:
+    return "-".join([name, *(str(v) for v in hp.values())])

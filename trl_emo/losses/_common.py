@@ -1,0 +1,155 @@
+"""What every loss module shares: target selection, the batch reduction, and the PyTorch chunk helpers.
+
+Each loss lives in its own module (`nll.py`, `gem.py`, `emo.py`, ...) with three definitions of the
+same objective: `per_token` (the reference, differentiable, float32 math; float64 kept for
+gradcheck), `chunk` (closed-form value and `∂ℓ/∂z` for a chunk of float32 logits, the CPU and
+fallback path of `fused.py`) and a Triton row kernel (the GPU path, see `_triton.py`). The helpers
+below are the pieces the PyTorch definitions have in common.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 for half-precision inputs; float32/float64 inputs unchanged."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def target_log_prob(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logp.gather(-1, targets[:, None]).squeeze(-1)
+
+
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(upcast(logits), dim=-1)
+
+
+@torch.no_grad()
+def token_statistics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position cross-entropy, entropy and top-1 correctness (for logging), without gradient."""
+    logp = log_softmax(logits)
+    return {
+        "nll": -target_log_prob(logp, targets),
+        "entropy": -(logp.exp() * logp).sum(-1),
+        "is_top1": (logits.argmax(-1) == targets).to(logp.dtype),
+    }
+
+
+def select_targets(
+    labels: torch.Tensor, shift_labels: torch.Tensor | None = None, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shifted labels `[B, T-1]` (or the given pre-shifted ones `[B, T]`) and their validity mask."""
+    targets = shift_labels if shift_labels is not None else labels[:, 1:]
+    return targets, targets != ignore_index
+
+
+def causal_lm_loss(
+    per_token: Callable[..., torch.Tensor],
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    shift_labels: torch.Tensor | None = None,
+    **hparams,
+) -> torch.Tensor:
+    """Reduce a per-token objective over a causal-LM batch: `Σ_t ℓ_t / N`.
+
+    `logits` is `[B, T, V]`, `labels` the unshifted `[B, T]` (position `t` predicts `labels[t+1]`);
+    pass `shift_labels` `[B, T]` instead when they are already aligned with the logits (context
+    parallelism). `N` is `num_items_in_batch` when given, else the number of valid positions. An
+    all-masked batch gives a zero that is still connected to `logits`. `hparams` are the loss's
+    hyper-parameters, all required (their defaults live on `trl_emo.SFTConfig` only).
+    """
+    targets, mask = select_targets(labels, shift_labels, ignore_index)
+    aligned = logits if shift_labels is not None else logits[:, :-1]
+    values = per_token(aligned[mask], targets[mask], **hparams)
+    count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    total = values.sum() + aligned.sum() * 0.0 if values.numel() == 0 else values.sum()
+    return total / torch.as_tensor(count, device=total.device).clamp(min=1)
+
+
+# -- the PyTorch chunk kernels' shared pieces ------------------------------------------------
+
+
+@dataclass
+class ChunkResult:
+    """What a chunk kernel returns for `n` positions (every tensor float32 and detached)."""
+
+    values: torch.Tensor  # [n] the objective
+    grad: torch.Tensor | None  # [n, V] ∂ℓ/∂z, None when no gradient was asked for
+    nll: torch.Tensor  # [n] cross-entropy
+    entropy: torch.Tensor  # [n] entropy of softmax(z)
+    is_top1: torch.Tensor  # [n] 1.0 where the target is the argmax
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # [n] extra quantities to log
+
+
+@dataclass
+class SoftmaxStats:
+    logp: torch.Tensor  # [n, V]
+    p: torch.Tensor  # [n, V]
+    nll: torch.Tensor  # [n]
+    entropy: torch.Tensor  # [n]
+    is_top1: torch.Tensor  # [n]
+    rows: torch.Tensor  # [n] arange, to index the target column
+
+    def result(self, values, grad, **metrics) -> ChunkResult:
+        return ChunkResult(values=values, grad=grad, nll=self.nll, entropy=self.entropy, is_top1=self.is_top1, metrics=metrics)
+
+
+def softmax_stats(z: torch.Tensor, targets: torch.Tensor) -> SoftmaxStats:
+    logp = torch.log_softmax(z, dim=-1)
+    p = logp.exp()
+    rows = torch.arange(z.shape[0], device=z.device)
+    return SoftmaxStats(
+        logp=logp,
+        p=p,
+        nll=-logp[rows, targets],
+        # `vecdot` reduces without materializing the [n, V] product
+        entropy=-torch.linalg.vecdot(p, logp),
+        is_top1=(z.argmax(-1) == targets).to(z.dtype),
+        rows=rows,
+    )
+
+
+def ce_grad_(s: SoftmaxStats, targets: torch.Tensor) -> torch.Tensor:
+    """`p - e_y`, written into `p`'s storage (`p` is not needed afterwards)."""
+    grad = s.p
+    grad[s.rows, targets] -= 1.0
+    return grad
+
+
+def autograd_chunk(per_token: Callable[..., torch.Tensor]):
+    """A chunk kernel for a loss registered without one: the gradient of its per-token function by autograd."""
+
+    def chunk(z, targets, want_grad, **hparams):
+        with torch.enable_grad():
+            leaf = z.detach().requires_grad_(want_grad)
+            values = per_token(leaf, targets, **hparams)
+            grad = torch.autograd.grad(values.sum(), leaf)[0] if want_grad else None
+        return softmax_stats(z, targets).result(values.detach(), grad)
+
+    return chunk
+
+
+def check_number(name: str, value, low: float, high: float, *, low_open: bool = False, allow_none: bool = False) -> None:
+    """Raise a `ValueError` naming the `SFTConfig` field unless `value` is a number in the range."""
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        tail = " or null" if allow_none else ""
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}]{tail}, got {value!r}.")
+
+
+def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}.")
