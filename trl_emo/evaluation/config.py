@@ -87,7 +87,9 @@ class EvalConfig:
 
         task (`str`, *optional*, defaults to `"bon"`):
             What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
-            exist). `trl-emo eval --list_tasks` prints every registered task.
+            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1) or `"math"`
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3).
+            `trl-emo eval --list_tasks` prints every registered task.
 
         > Models
 
@@ -122,8 +124,10 @@ class EvalConfig:
             Column with reference responses (text, or messages whose last assistant turn is taken) for the
             Bradley–Terry win rate, e.g. `output` for AlpacaEval or `messages` for UltraFeedback `test_sft`.
         answer_column (`str` or `None`, *optional*, defaults to `None`):
-            Column with GSM8K-style gold answers (`... #### 42`). `None` uses `answer` when it exists and holds
-            `####` answers. When gold answers exist, GSM8K metrics are computed.
+            Column with gold answers. `bon`: GSM8K-style (`... #### 42`); `None` uses `answer` when it exists and
+            holds `####` answers, and GSM8K metrics are computed when gold answers exist. `math`: a final answer
+            (MATH-500 `answer`) or a worked solution whose last `\boxed{}` is taken (`solution`); `None` uses
+            `answer`, else `solution`.
         max_prompts (`int` or `None`, *optional*, defaults to `None`):
             Evaluate only the first `max_prompts` prompts.
         prompt_format (`str`, *optional*, defaults to `"auto"`):
@@ -146,7 +150,8 @@ class EvalConfig:
             Base seed. Each generation batch is seeded from it and its position, so a resumed run samples the same
             responses as an uninterrupted one.
         greedy (`bool` or `None`, *optional*, defaults to `None`):
-            Also generate one greedy response per prompt (for GSM8K greedy accuracy). `None`: when gold answers exist.
+            Also generate one greedy response per prompt (greedy accuracy). `None`: `bon` when gold answers exist,
+            `math` always.
         backend (`str`, *optional*, defaults to `"hf"`):
             `"hf"` (transformers `generate`, batched, left padding) or `"vllm"` (needs `pip install vllm`).
         generation_batch_size (`int`, *optional*, defaults to `64`):
@@ -165,7 +170,7 @@ class EvalConfig:
         k_values (`list[int]` or `None`, *optional*, defaults to `None`):
             k for BoN@k, mean@k and win rate; `None`: 1, 2, 4, ... up to `n` (plus `n`). Each k must be ≤ `n`.
         math_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
-            k for MV@k and pass@k; `None`: those of 1, 4, 8, 16, 32 that are ≤ `n`.
+            k for MV@k, pass@k and answer BoN@k (GSM8K, `math`); `None`: those of 1, 4, 8, 16, 32 that are ≤ `n`.
         diversity (`bool`, *optional*, defaults to `True`):
             Compute distinct-n and self-BLEU diversity (needs `sacrebleu`).
         embedding_diversity (`bool`, *optional*, defaults to `True`):

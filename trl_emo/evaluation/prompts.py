@@ -166,11 +166,17 @@ def gsm8k_gold(text: str) -> str | None:
     return extract_answer(text) or parse_number(text)
 
 
-def load_prompt_set(config: EvalConfig, find_answer_column=gsm8k_answer_column, parse_gold=gsm8k_gold) -> PromptSet:
+def load_prompt_set(
+    config: EvalConfig,
+    find_answer_column=gsm8k_answer_column,
+    parse_gold=gsm8k_gold,
+    prompt_columns: tuple[str, ...] = PROMPT_COLUMNS,
+) -> PromptSet:
     """The prompts of `config.prompts`, with references and gold answers where the columns exist.
 
-    `find_answer_column(rows, columns)` picks the gold-answer column when `answer_column` is unset, and
-    `parse_gold(text)` turns a cell into the gold answer the task compares with (default: GSM8K's).
+    `find_answer_column(rows, columns)` picks the gold-answer column when `answer_column` is unset,
+    `parse_gold(text)` turns a cell into the gold answer the task compares with (default: GSM8K's), and
+    the prompt column is the first of `prompt_columns` present when `prompt_column` is unset.
     """
     rows = read_rows(config.prompts, config.prompts_config, config.prompts_split)
     if not rows:
@@ -181,11 +187,11 @@ def load_prompt_set(config: EvalConfig, find_answer_column=gsm8k_answer_column, 
 
     prompt_column = config.prompt_column
     if prompt_column is None:
-        prompt_column = next((c for c in PROMPT_COLUMNS if c in columns), None)
+        prompt_column = next((c for c in prompt_columns if c in columns), None)
         if prompt_column is None:
             raise EvaluationError(
                 f"No prompt column in {config.prompts!r}: it has columns {columns}; accepted are "
-                f"{', '.join(PROMPT_COLUMNS)} (or name one with `prompt_column`)."
+                f"{', '.join(prompt_columns)} (or name one with `prompt_column`)."
             )
     named = {
         "prompt_column": prompt_column,

@@ -32,6 +32,9 @@ def markdown_table(summary: dict, task) -> str:
     for title, rows in task.report_sections(summary):
         if not rows:
             continue
+        if isinstance(rows, str):  # a table the task laid out itself
+            sections.append(f"### {title}\n\n{rows}")
+            continue
         lines = [f"### {title}", "", "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
         lines += [f"| {label} | " + " | ".join(fmt(v) for v in values) + " |" for label, values in rows]
         sections.append("\n".join(lines))
@@ -64,5 +67,26 @@ def plot_bon(summary: dict, path: str) -> None:
         axis.set_title(title)
         axis.grid(True, alpha=0.3)
     axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_accuracy_bars(models: list[str], values: dict[str, list], ylabel: str, path: str) -> None:
+    """Grouped bars: one group per metric (`values` label -> one value per model), one colour per model."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2 + 1.6 * len(values), 3.5))
+    FigureCanvasAgg(fig)
+    axis = fig.subplots()
+    width = 0.8 / max(len(models), 1)
+    for index, name in enumerate(models):
+        xs = [group + (index - (len(models) - 1) / 2) * width for group in range(len(values))]
+        heights = [column[index] if column[index] is not None else 0.0 for column in values.values()]
+        axis.bar(xs, heights, width=width, color=f"C{index % 10}", label=name)
+    axis.set_xticks(range(len(values)), list(values))
+    axis.set_ylabel(ylabel)
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

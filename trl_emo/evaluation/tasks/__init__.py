@@ -64,4 +64,4 @@ def field_owners() -> dict[str, str]:
 
 
 # Importing the built-in task modules registers them.
-from . import bon  # noqa: E402,F401
+from . import bon, ifeval, math  # noqa: E402,F401

@@ -205,7 +205,8 @@ class EvalTask:
         return f"# {self.title}\n\n{prompts.get('num_prompts')} prompts from `{prompts.get('prompts')}`.\n"
 
     def report_sections(self, summary: dict) -> list[tuple[str, list[tuple[str, list]]]]:
-        """(title, rows) tables for summary.md; each row is (label, one value per model)."""
+        """(title, rows) tables for summary.md; each row is (label, one value per model). `rows` may also be a
+        Markdown table as a string, for a layout other than metrics × models."""
         return []
 
     def plot(self, summary: dict, output_dir: str) -> None:

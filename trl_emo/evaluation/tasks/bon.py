@@ -6,9 +6,13 @@ off-the-shelf reward model, and every metric of docs/evaluation.md computed from
 
 from __future__ import annotations
 
+import re
+
 from .. import metrics
+from ..config import EvaluationError
 from ..prompts import PromptSet
 from ..scoring import REFERENCE, score_references
+from ..math_answers import Equivalence
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import curve_rows, diversity, diversity_rows, response_rows, response_stats
@@ -64,13 +68,27 @@ class BonTask(EvalTask):
         if config.diversity or config.embedding_diversity:
             result["diversity"] = diversity(responses, config)
         if examples.has_gold:
-            answers = [[metrics.extract_answer(text) for text in row] for row in responses]
+            golds = [e.gold for e in examples.examples]
+            equivalence = gsm8k_equivalence()
+            changed = 0
+            answers = []
+            for row, gold in zip(responses, golds):
+                row_answers, row_changed = gsm8k_answers(row, gold, equivalence)
+                answers.append(row_answers)
+                changed += row_changed
             greedy_answers = None
             if self.generation_plan(examples).greedy:
-                greedy_answers = [metrics.extract_answer(text) for text in run.greedy(num_prompts)]
+                greedy_answers = []
+                for text, gold in zip(run.greedy(num_prompts), golds):
+                    (answer,), greedy_changed = gsm8k_answers([text], gold, equivalence)
+                    greedy_answers.append(answer)
+                    changed += greedy_changed
             result["gsm8k"] = metrics.gsm8k_metrics(
-                answers, [e.gold for e in examples.examples], config.math_k_values, greedy=greedy_answers
+                answers, golds, config.math_k_values, greedy=greedy_answers,
+                rewards=None if run.rewards is None else run.reward_matrix(num_prompts, n),
             )
+            result["gsm8k"]["equivalence"] = "exact" if equivalence is None else "math-verify"
+            result["gsm8k"]["verdicts_changed_by_equivalence"] = changed
         return result
 
     def header(self, summary: dict) -> str:
@@ -102,7 +120,8 @@ class BonTask(EvalTask):
                 rows.append(("greedy accuracy", [m.get("gsm8k", {}).get("greedy_accuracy") for m in models.values()]))
             rows.append(("sample accuracy", [m.get("gsm8k", {}).get("sample_accuracy") for m in models.values()]))
             rows += curve_rows(models, "gsm8k", "MV", "mv") + curve_rows(models, "gsm8k", "pass", "pass_first_k")
-            sections.append(("GSM8K, % (MV@k and pass@k over the first k samples)", rows))
+            rows += curve_rows(models, "gsm8k", "BoN (reward model)", "bon_first_k")
+            sections.append(("GSM8K, % (MV@k, pass@k and reward-model BoN@k over the first k samples)", rows))
         sections.append(("Responses", response_rows(models)))
         return sections
 
@@ -114,3 +133,33 @@ class BonTask(EvalTask):
         if any("bon" in m for m in summary["models"].values()):
             plot_bon(summary, os.path.join(output_dir, "bon.png"))
 
+
+
+# Spans that a number parser reads exactly need no symbolic check; LaTeX ones may (\frac{1}{2}, 2^{10}).
+_SYMBOLIC = re.compile(r"[\\^{}]|sqrt|frac")
+
+
+def gsm8k_equivalence() -> Equivalence | None:
+    """math-verify's equivalence when it is installed (the `math` extra), else None (exact comparison only)."""
+    try:
+        return Equivalence()
+    except EvaluationError:
+        return None
+
+
+def gsm8k_answers(texts: list[str], gold: str | None, equivalence: Equivalence | None) -> tuple[list, int]:
+    """Canonical GSM8K answers of `texts`; a response whose number differs from the gold answer but whose
+    stated answer math-verify finds equivalent (`\\frac{1}{2}` for 0.5) gets the gold answer. Returns the
+    answers and how many verdicts the equivalence changed."""
+    answers = [metrics.extract_answer(text) for text in texts]
+    if equivalence is None or gold is None:
+        return answers, 0
+    changed = 0
+    for j, text in enumerate(texts):
+        if answers[j] == gold:
+            continue
+        span = metrics.answer_text(text)
+        if span is not None and _SYMBOLIC.search(span) and equivalence(gold, span):
+            answers[j] = gold
+            changed += 1
+    return answers, changed

@@ -54,9 +54,12 @@ def curve_rows(models: dict, key: str, label: str, estimator: str, section: str 
         holder = model.get(section, {}) if section else model
         return holder.get(key)
 
-    ks = next((get(m)["k"] for m in models.values() if get(m)), [])
+    def has(model):
+        return bool(get(model)) and estimator in get(model)
+
+    ks = next((get(m)["k"] for m in models.values() if has(m)), [])
     return [
-        (f"{label}@{k}", [get(m)[estimator][i] if get(m) else None for m in models.values()])
+        (f"{label}@{k}", [get(m)[estimator][i] if has(m) else None for m in models.values()])
         for i, k in enumerate(ks)
     ]
 
@@ -74,3 +77,13 @@ def response_rows(models: dict) -> list[tuple]:
         ("mean tokens", [m["responses"]["mean_tokens"] for m in models.values()]),
         ("truncated, %", [m["responses"]["truncated_percent"] for m in models.values()]),
     ]
+
+
+def package_version(package: str) -> str:
+    """The installed version of `package` (recorded in cache settings and summaries), or "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
