@@ -92,7 +92,11 @@ def test_evaluation_recipe_parses(recipe):
     from trl_emo.evaluation.config import EvalConfig
 
     (config,) = parse_config([EvalConfig], ["--recipe", str(recipe)])
-    assert set(config.policies) == {"ce", "gem"} and config.n == 32 and config.temperature == 0.6
+    assert set(config.policies) == {"ce", "gem"}
+    if config.task == "ifeval":  # GEM's Table 1: greedy decoding, 1,024 new tokens
+        assert config.n is None and config.temperature is None and config.max_new_tokens == 1024
+    else:
+        assert config.n == 32 and config.temperature == 0.6
 
 
 def _write_recipe(tmp_path, **fields):

@@ -1,10 +1,12 @@
-"""Best-of-n evaluation with a reward model, diversity and GSM8K metrics (`python -m trl_emo.evaluate`).
+"""Evaluation of several models side by side (`python -m trl_emo.evaluate`, `trl-emo eval`).
 
-Modules: `config` (EvalConfig), `prompts` (prompt sets), `generation` (HF generate / vLLM),
-`scoring` (reward model), `metrics` (pure metric functions), `embeddings` (all-MiniLM-L6-v2),
-`loading` (devices, dtypes, LoRA adapters), `cache` (JSONL cache and resume),
-`report` (summary.json / summary.md / bon.png),
-`pipeline` (the whole run), `cli` (`main`).
+Tasks (`tasks/`, one module each, registered by name): `bon` (best-of-n with a reward model,
+diversity and GSM8K metrics), `ifeval` (lm-eval's IFEval checkers, via `ifeval_checkers`),
+`math` (MATH with math-verify equivalence, via `math_answers`). Shared machinery: `config` (EvalConfig), `prompts` (prompt sets),
+`generation` (HF generate / vLLM), `scoring` (reward model), `metrics` (pure metric functions),
+`embeddings` (all-MiniLM-L6-v2), `loading` (devices, dtypes, LoRA adapters), `cache` (JSONL
+cache and resume), `report` (summary.json / summary.md / figures), `pipeline` (the whole run,
+calling the task's hooks), `cli` (`main`).
 """
 
 from .config import EvalConfig, EvaluationError

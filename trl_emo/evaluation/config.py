@@ -76,11 +76,21 @@ def parse_policies(value) -> dict[str, str]:
 @dataclass
 class EvalConfig:
     r"""
-    Configuration of the best-of-n / diversity evaluation (`python -m trl_emo.evaluate`, `trl-emo eval`).
+    Configuration of `python -m trl_emo.evaluate` (`trl-emo eval`): best-of-n, diversity, GSM8K and the other tasks.
 
-    Every field can be set in a YAML recipe (`--recipe FILE`) or as a flag (`--n 8`); flags win.
+    Every field can be set in a YAML recipe (`--recipe FILE`) or as a flag (`--n 8`); flags win. Fields whose
+    default is "the task's" take the selected task's value when left unset (see `trl_emo.evaluation.tasks`); a
+    field that has no effect on the selected task is an error when set, so a recipe never silently ignores a value.
 
     Parameters:
+        > Task
+
+        task (`str`, *optional*, defaults to `"bon"`):
+            What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
+            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1) or `"math"`
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3).
+            `trl-emo eval --list_tasks` prints every registered task.
+
         > Models
 
         policies (`dict[str, str]` or `list[str]`):
@@ -100,8 +110,9 @@ class EvalConfig:
 
         > Prompts
 
-        prompts (`str`):
-            Hub dataset id or local `.json` / `.jsonl` / `.parquet` / `.csv` file (or a `save_to_disk` folder).
+        prompts (`str` or `None`, *optional*, defaults to the task's):
+            Hub dataset id or local `.json` / `.jsonl` / `.parquet` / `.csv` file (or a `save_to_disk` folder). Required
+            for `bon`; tasks built on one benchmark default to its Hub id.
         prompts_config (`str` or `None`, *optional*, defaults to `None`):
             Hub dataset configuration name (e.g. `"main"` for `gsm8k`).
         prompts_split (`str` or `None`, *optional*, defaults to `None`):
@@ -113,8 +124,10 @@ class EvalConfig:
             Column with reference responses (text, or messages whose last assistant turn is taken) for the
             Bradley–Terry win rate, e.g. `output` for AlpacaEval or `messages` for UltraFeedback `test_sft`.
         answer_column (`str` or `None`, *optional*, defaults to `None`):
-            Column with GSM8K-style gold answers (`... #### 42`). `None` uses `answer` when it exists and holds
-            `####` answers. When gold answers exist, GSM8K metrics are computed.
+            Column with gold answers. `bon`: GSM8K-style (`... #### 42`); `None` uses `answer` when it exists and
+            holds `####` answers, and GSM8K metrics are computed when gold answers exist. `math`: a final answer
+            (MATH-500 `answer`) or a worked solution whose last `\boxed{}` is taken (`solution`); `None` uses
+            `answer`, else `solution`.
         max_prompts (`int` or `None`, *optional*, defaults to `None`):
             Evaluate only the first `max_prompts` prompts.
         prompt_format (`str`, *optional*, defaults to `"auto"`):
@@ -123,21 +136,22 @@ class EvalConfig:
 
         > Sampling
 
-        n (`int`, *optional*, defaults to `32`):
+        n (`int` or `None`, *optional*, defaults to the task's; `bon`: `32`):
             Responses sampled per prompt.
-        temperature (`float`, *optional*, defaults to `0.6`):
+        temperature (`float` or `None`, *optional*, defaults to the task's; `bon`: `0.6`):
             Sampling temperature (GEM paper, chat; use 1.0 for creative writing).
-        top_k (`int`, *optional*, defaults to `50`):
+        top_k (`int` or `None`, *optional*, defaults to the task's; `bon`: `50`):
             Top-k sampling; `0` disables it.
-        top_p (`float`, *optional*, defaults to `0.9`):
+        top_p (`float` or `None`, *optional*, defaults to the task's; `bon`: `0.9`):
             Nucleus sampling; `1.0` disables it.
-        max_new_tokens (`int`, *optional*, defaults to `512`):
+        max_new_tokens (`int` or `None`, *optional*, defaults to the task's; `bon`: `512`):
             Longest response, in tokens.
         seed (`int`, *optional*, defaults to `42`):
             Base seed. Each generation batch is seeded from it and its position, so a resumed run samples the same
             responses as an uninterrupted one.
         greedy (`bool` or `None`, *optional*, defaults to `None`):
-            Also generate one greedy response per prompt (for GSM8K greedy accuracy). `None`: when gold answers exist.
+            Also generate one greedy response per prompt (greedy accuracy). `None`: `bon` when gold answers exist,
+            `math` always.
         backend (`str`, *optional*, defaults to `"hf"`):
             `"hf"` (transformers `generate`, batched, left padding) or `"vllm"` (needs `pip install vllm`).
         generation_batch_size (`int`, *optional*, defaults to `64`):
@@ -156,7 +170,7 @@ class EvalConfig:
         k_values (`list[int]` or `None`, *optional*, defaults to `None`):
             k for BoN@k, mean@k and win rate; `None`: 1, 2, 4, ... up to `n` (plus `n`). Each k must be ≤ `n`.
         math_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
-            k for MV@k and pass@k; `None`: those of 1, 4, 8, 16, 32 that are ≤ `n`.
+            k for MV@k, pass@k and answer BoN@k (GSM8K, `math`); `None`: those of 1, 4, 8, 16, 32 that are ≤ `n`.
         diversity (`bool`, *optional*, defaults to `True`):
             Compute distinct-n and self-BLEU diversity (needs `sacrebleu`).
         embedding_diversity (`bool`, *optional*, defaults to `True`):
@@ -178,6 +192,8 @@ class EvalConfig:
             Show progress bars.
     """
 
+    task: str = field(default="bon", metadata={"help": "What to evaluate; `--list_tasks` lists the tasks."})
+
     policies: list[str] | None = field(
         default=None,
         metadata={"help": "Models to evaluate: `name=path` entries (CLI) or a mapping name: path (YAML)."},
@@ -192,7 +208,7 @@ class EvalConfig:
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
 
     prompts: str | None = field(
-        default=None, metadata={"help": "Hub dataset id or local json/jsonl/parquet/csv file."}
+        default=None, metadata={"help": "Hub dataset id or local json/jsonl/parquet/csv file; default the task's."}
     )
     prompts_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     prompts_split: str | None = field(default=None, metadata={"help": "Split; default the only one, or `test`."})
@@ -208,11 +224,12 @@ class EvalConfig:
     max_prompts: int | None = field(default=None, metadata={"help": "Evaluate only the first prompts."})
     prompt_format: str = field(default="auto", metadata={"help": f"Prompt format, one of {PROMPT_FORMATS}."})
 
-    n: int = field(default=32, metadata={"help": "Responses sampled per prompt."})
-    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
-    top_k: int = field(default=50, metadata={"help": "Top-k sampling (0 disables)."})
-    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling (1.0 disables)."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Longest response in tokens."})
+    # `None` = the task's default (`EvalTask.defaults`), so a task can change them and tell what was set.
+    n: int | None = field(default=None, metadata={"help": "Responses sampled per prompt (bon: 32)."})
+    temperature: float | None = field(default=None, metadata={"help": "Sampling temperature (bon: 0.6)."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling, 0 disables (bon: 50)."})
+    top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling, 1.0 disables (bon: 0.9)."})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Longest response in tokens (bon: 512)."})
     seed: int = field(default=42, metadata={"help": "Base seed."})
     greedy: bool | None = field(
         default=None, metadata={"help": "Also generate a greedy response (default: when gold answers exist)."}
@@ -252,9 +269,14 @@ class EvalConfig:
         # YAML values reach here without argparse's type conversion or `choices`, so check everything.
         # An empty string on the command line (`--reward_model ""`) unsets an optional field.
         optional = ("reward_model", "device", "prompts_config", "prompts_split", "prompt_column", "reference_column")
-        for name in (*optional, "answer_column", "embedding_model"):
+        for name in (*optional, "answer_column", "embedding_model", "prompts"):
             if getattr(self, name) == "":
                 setattr(self, name, None)
+        task = self.task_class()
+        task.check_fields(self)
+        for name, value in task.defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         self.policies = parse_policies(self.policies)
         if not self.policies:
             raise ConfigError("No policies to evaluate: set `policies` (e.g. `--policies ce=path/ce gem=path/gem`).")
@@ -263,21 +285,29 @@ class EvalConfig:
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("prompt_format", PROMPT_FORMATS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}.")
-        self.n = _as_int("n", self.n, minimum=1)
-        self.top_k = _as_int("top_k", self.top_k, minimum=0)
-        self.max_new_tokens = _as_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        # Sampling fields a task ignores stay `None` (check_fields refused any value set for them).
+        if self.n is not None:
+            self.n = _as_int("n", self.n, minimum=1)
+        if self.top_k is not None:
+            self.top_k = _as_int("top_k", self.top_k, minimum=0)
+        if self.max_new_tokens is not None:
+            self.max_new_tokens = _as_int("max_new_tokens", self.max_new_tokens, minimum=1)
         self.seed = _as_int("seed", self.seed, minimum=0)
         self.generation_batch_size = _as_int("generation_batch_size", self.generation_batch_size, minimum=1)
         self.scoring_batch_size = _as_int("scoring_batch_size", self.scoring_batch_size, minimum=1)
         if self.max_prompts is not None:
             self.max_prompts = _as_int("max_prompts", self.max_prompts, minimum=1)
-        self.temperature = _as_float("temperature", self.temperature)
-        self.top_p = _as_float("top_p", self.top_p)
+        if self.temperature is not None:
+            self.temperature = _as_float("temperature", self.temperature)
+            if self.temperature <= 0:
+                raise ConfigError(
+                    f"temperature must be > 0 (greedy decoding is `greedy: true`); got {self.temperature}."
+                )
+        if self.top_p is not None:
+            self.top_p = _as_float("top_p", self.top_p)
+            if not 0 < self.top_p <= 1:
+                raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}.")
         self.vllm_gpu_memory_utilization = _as_float("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization)
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0 (greedy decoding is `greedy: true`); got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}.")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"vllm_gpu_memory_utilization must be in (0, 1]; got {self.vllm_gpu_memory_utilization}."
@@ -288,10 +318,19 @@ class EvalConfig:
                 raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}.")
         if self.greedy is not None and not isinstance(self.greedy, bool):
             raise ConfigError(f"greedy must be true, false or null; got {self.greedy!r}.")
-        self.k_values = self._checked_ks("k_values", self.k_values, default_k_values(self.n))
-        self.math_k_values = self._checked_ks(
-            "math_k_values", self.math_k_values, [k for k in DEFAULT_MATH_K if k <= self.n]
-        )
+        if self.n is not None:
+            self.k_values = self._checked_ks("k_values", self.k_values, default_k_values(self.n))
+            self.math_k_values = self._checked_ks(
+                "math_k_values", self.math_k_values, [k for k in DEFAULT_MATH_K if k <= self.n]
+            )
+        task.check_config(self)
+
+    def task_class(self):
+        """The registered task class named by `task` (a clear error listing the tasks otherwise)."""
+        # Imported here: task modules import this one.
+        from .tasks import get_task
+
+        return get_task(self.task)
 
     def _checked_ks(self, name: str, values, default: list[int]) -> list[int]:
         if values is None:

@@ -78,12 +78,12 @@ def stop_token_ids(tokenizer, generation_config, end_of_turn: bool) -> list[int]
     return list(dict.fromkeys(int(i) for i in ids))
 
 
-def generation_settings(config: EvalConfig, path: str, prompt_set: PromptSet) -> dict:
+def generation_settings(config: EvalConfig, path: str, prompt_set: PromptSet, num_samples: int | None = None) -> dict:
     """Everything that decides which responses are sampled: the cache fingerprint."""
     settings = {
         "policy": file_signature(os.path.expanduser(path)),
         "backend": config.backend,
-        "n": config.n,
+        "n": config.n if num_samples is None else num_samples,
         "temperature": config.temperature,
         "top_k": config.top_k,
         "top_p": config.top_p,
@@ -268,22 +268,39 @@ def _generation_config_or_none(path: str):
         return None
 
 
-def open_generation_cache(name: str, path: str, config: EvalConfig, prompt_set: PromptSet) -> JsonlCache:
+def open_generation_cache(
+    name: str, path: str, config: EvalConfig, prompt_set: PromptSet, num_samples: int | None = None
+) -> JsonlCache:
     return JsonlCache(
         os.path.join(config.output_dir, "generations", f"{name}.jsonl"),
-        generation_settings(config, path, prompt_set),
+        generation_settings(config, path, prompt_set, num_samples),
         key_fields=("model", "prompt_index", "sample"),
         overwrite=config.overwrite,
     )
 
 
-def generate_for_policy(name: str, path: str, config: EvalConfig, prompt_set: PromptSet, greedy: bool) -> JsonlCache:
-    """Fill the policy's generation cache: n samples (and a greedy response) per prompt; return the cache."""
+def generate_for_policy(
+    name: str,
+    path: str,
+    config: EvalConfig,
+    prompt_set: PromptSet,
+    greedy: bool,
+    num_samples: int | None = None,
+    render=None,
+) -> JsonlCache:
+    """Fill the policy's generation cache: `num_samples` samples (default `config.n`) and optionally a greedy
+    response per prompt; return the cache. `render(tokenizer, example)` builds the prompt text (default: the
+    chat template or the Alpaca prompt, per `prompt_format`)."""
     from tqdm.auto import tqdm
 
-    cache = open_generation_cache(name, path, config, prompt_set)
+    n = config.n if num_samples is None else num_samples
+    if render is None:
+        def render(tokenizer, example):
+            return render_policy_prompt(tokenizer, example, config.prompt_format)
+
+    cache = open_generation_cache(name, path, config, prompt_set, n)
     tokenizer = load_tokenizer(path, config.trust_remote_code, what=f"Policy {name!r}")
-    rendered = [render_policy_prompt(tokenizer, e, config.prompt_format) for e in prompt_set.examples]
+    rendered = [render(tokenizer, e) for e in prompt_set.examples]
     for row in cache.rows.values():
         index = row["prompt_index"]
         if index < len(rendered) and row["prompt"] != rendered[index]:
@@ -293,7 +310,7 @@ def generate_for_policy(name: str, path: str, config: EvalConfig, prompt_set: Pr
             )
 
     num_prompts = len(prompt_set.examples)
-    keys = [(name, i, j) for i in range(num_prompts) for j in range(config.n)]
+    keys = [(name, i, j) for i in range(num_prompts) for j in range(n)]
     if greedy:
         keys += [(name, i, GREEDY) for i in range(num_prompts)]
     done = sum(key in cache for key in keys)
@@ -303,14 +320,14 @@ def generate_for_policy(name: str, path: str, config: EvalConfig, prompt_set: Pr
     if config.backend == "vllm":
         generator = VLLMGenerator(path, config, tokenizer, name=name)
         chunk = VLLM_CHUNK_PROMPTS
-        batches = [
-            Batch(tuple(range(s, min(s + chunk, num_prompts))), 0, config.n) for s in range(0, num_prompts, chunk)
-        ]
+        batches = []
+        if n:
+            batches = [Batch(tuple(range(s, min(s + chunk, num_prompts))), 0, n) for s in range(0, num_prompts, chunk)]
         if greedy:
             batches += plan_batches(num_prompts, 1, VLLM_CHUNK_PROMPTS, greedy=True)
     else:
         generator = HFGenerator(path, config, tokenizer)
-        batches = plan_batches(num_prompts, config.n, config.generation_batch_size)
+        batches = plan_batches(num_prompts, n, config.generation_batch_size) if n else []
         if greedy:
             batches += plan_batches(num_prompts, 1, config.generation_batch_size, greedy=True)
 

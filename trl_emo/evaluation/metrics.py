@@ -253,6 +253,18 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
+def answer_text(text: str) -> str | None:
+    """The words a GSM8K-style response gives as its answer: after its last `The answer is` (else `####`), up to
+    the end of that line or sentence. What `extract_answer` reads its number from; None without a marker."""
+    for marker in (_ANSWER_IS, re.compile(re.escape(_GOLD_MARK))):
+        found = list(marker.finditer(text))
+        if found:
+            rest = text[found[-1].end() :].lstrip(" :\t")
+            rest = re.split(r"\n|\.\s|\.$", rest, maxsplit=1)[0].strip()
+            return rest or None
+    return None
+
+
 def majority_vote(answers: Sequence[str | None]) -> str | None:
     """Most frequent non-None answer; ties go to the answer seen first."""
     counts = Counter(a for a in answers if a is not None)
@@ -268,25 +280,117 @@ def pass_at_k_unbiased(num_samples: int, num_correct: int, k: int) -> float:
     return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
+def majority_vote_subset_average(
+    labels: Sequence, correct: dict, k: int, draws: int = 1000, seed: int = 0
+) -> float:
+    """Chance that the majority answer of a random k-subset of the samples is correct.
+
+    `labels[j]` is sample j's answer (a hashable; None = no answer, which does not vote) and
+    `correct[label]` whether that answer is right. A tie between answers is split evenly (for
+    answers with equal counts, the first seen in a random order is each one with equal chance).
+    Exact for k = 1 and k = n; otherwise the average over `draws` random k-subsets (seeded, so the
+    same inputs give the same number).
+    """
+    n = len(labels)
+    _check_k(n, k)
+    if k == 1:
+        return float(np.mean([label is not None and bool(correct[label]) for label in labels]))
+    ids = list(dict.fromkeys(label for label in labels if label is not None))
+    if not ids:
+        return 0.0
+    position = {label: i for i, label in enumerate(ids)}
+    onehot = np.zeros((n, len(ids)))
+    for j, label in enumerate(labels):
+        if label is not None:
+            onehot[j, position[label]] = 1.0
+    right = np.array([bool(correct[label]) for label in ids], dtype=float)
+    if k == n:
+        subsets = np.arange(n)[None, :]
+    else:
+        subsets = np.argsort(np.random.default_rng(seed).random((draws, n)), axis=1)[:, :k]
+    counts = onehot[subsets].sum(axis=1)
+    top = counts.max(axis=1, keepdims=True)
+    winners = (counts == top) & (top > 0)
+    share = winners / np.maximum(winners.sum(axis=1, keepdims=True), 1)
+    return float((share @ right).mean())
+
+
+def bon_correct_unbiased(rewards: Sequence[float], correct: Sequence[bool], k: int) -> float:
+    """Chance that the highest-reward sample of a random k-subset is correct (best-of-k with a reward model).
+
+    The weights of `bon_unbiased` applied to correctness sorted by reward; samples with equal rewards
+    share their average correctness (a tie is broken at random).
+    """
+    _check_k(len(rewards), k)
+    order = np.argsort(np.asarray(rewards, dtype=float), kind="stable")
+    sorted_rewards = np.asarray(rewards, dtype=float)[order]
+    values = np.asarray(correct, dtype=float)[order]
+    for reward in np.unique(sorted_rewards):
+        tied = sorted_rewards == reward
+        values[tied] = values[tied].mean()
+    return float(max_of_k_weights(len(values), k) @ values)
+
+
+def bon_correct_first_k(rewards: Sequence[float], correct: Sequence[bool], k: int) -> float:
+    """Whether the highest-reward sample among the first k is correct (first one on ties)."""
+    _check_k(len(rewards), k)
+    best = int(np.argmax(np.asarray(rewards[:k], dtype=float)))
+    return float(bool(correct[best]))
+
+
+def answer_metrics(
+    correct: Sequence[Sequence[bool]],
+    labels: Sequence[Sequence],
+    label_correct: Sequence[dict],
+    ks: Sequence[int],
+    greedy: Sequence[bool] | None = None,
+    rewards: Sequence[Sequence[float]] | None = None,
+) -> dict:
+    """Accuracy metrics of n sampled answers per problem, ×100, averaged over problems.
+
+    `correct[i][j]`: sample j of problem i is right; `labels[i][j]`: its answer (equal labels =
+    the same answer; None = none) and `label_correct[i][label]` whether that answer is right;
+    `greedy[i]`: the greedy answer is right; `rewards[i][j]`: reward-model scores of the samples.
+    Returns `greedy_accuracy`, `sample_accuracy`, and per k: `mv` (majority of the first k),
+    `mv_subsets` (majority of a random k-subset), `pass_first_k` / `pass_unbiased` (a right answer
+    among k: the oracle best-of-k), and with rewards `bon_first_k` / `bon_unbiased` (the sample
+    the reward model ranks first among k is right).
+    """
+    if not correct:
+        raise ValueError("no problem to score")
+    out = {"k": list(ks), "num_prompts": len(correct)}
+    if greedy is not None:
+        out["greedy_accuracy"] = 100.0 * float(np.mean([bool(g) for g in greedy]))
+
+    def mean(fn):
+        return [100.0 * float(np.mean([fn(i, k) for i in range(len(correct))])) for k in ks]
+
+    out["mv"] = mean(lambda i, k: bool(label_correct[i].get(majority_vote(labels[i][:k]), False)))
+    out["mv_subsets"] = mean(lambda i, k: majority_vote_subset_average(labels[i], label_correct[i], k))
+    out["pass_first_k"] = mean(lambda i, k: any(correct[i][:k]))
+    out["pass_unbiased"] = mean(lambda i, k: pass_at_k_unbiased(len(correct[i]), sum(map(bool, correct[i])), k))
+    if rewards is not None:
+        out["bon_first_k"] = mean(lambda i, k: bon_correct_first_k(rewards[i], correct[i], k))
+        out["bon_unbiased"] = mean(lambda i, k: bon_correct_unbiased(rewards[i], correct[i], k))
+    out["sample_accuracy"] = 100.0 * float(np.mean([np.mean([bool(c) for c in row]) for row in correct]))
+    return out
+
+
 def gsm8k_metrics(
     answers: Sequence[Sequence[str | None]],
     gold: Sequence[str | None],
     ks: Sequence[int],
     greedy: Sequence[str | None] | None = None,
+    rewards: Sequence[Sequence[float]] | None = None,
 ) -> dict:
-    """Greedy accuracy, MV@k and pass@k (first-k and unbiased), ×100, over prompts with a gold answer."""
+    """Greedy accuracy, MV@k, pass@k (first-k and unbiased) and, with rewards, BoN@k, ×100, over prompts with a
+    gold answer (see `answer_metrics`). Answers are canonical strings: equal strings are the same answer."""
     kept = [i for i, g in enumerate(gold) if g is not None]
     if not kept:
         raise ValueError("no prompt has a gold answer")
-    rows = [(answers[i], gold[i], None if greedy is None else greedy[i]) for i in kept]
-    out = {"k": list(ks), "num_prompts": len(rows)}
-    if greedy is not None:
-        out["greedy_accuracy"] = 100.0 * float(np.mean([gr == g for _, g, gr in rows]))
-    out["mv"] = [100.0 * float(np.mean([majority_vote(row[:k]) == g for row, g, _ in rows])) for k in ks]
-    out["pass_first_k"] = [100.0 * float(np.mean([g in row[:k] for row, g, _ in rows])) for k in ks]
-    out["pass_unbiased"] = [
-        100.0 * float(np.mean([pass_at_k_unbiased(len(row), sum(a == g for a in row), k) for row, g, _ in rows]))
-        for k in ks
-    ]
-    out["sample_accuracy"] = 100.0 * float(np.mean([np.mean([a == g for a in row]) for row, g, _ in rows]))
-    return out
+    correct = [[a is not None and a == gold[i] for a in answers[i]] for i in kept]
+    labels = [list(answers[i]) for i in kept]
+    label_correct = [{a: a == gold[i] for a in answers[i] if a is not None} for i in kept]
+    greedy_correct = None if greedy is None else [greedy[i] == gold[i] for i in kept]
+    kept_rewards = None if rewards is None else [rewards[i] for i in kept]
+    return answer_metrics(correct, labels, label_correct, ks, greedy=greedy_correct, rewards=kept_rewards)

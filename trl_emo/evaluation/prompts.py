@@ -27,6 +27,8 @@ class PromptExample:
     input: str = ""
     reference: str | None = None
     gold: str | None = None
+    # The dataset row as read, for tasks that need more columns (e.g. IFEval's instruction ids).
+    row: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -151,7 +153,31 @@ def _reference(value, column: str, index: int) -> str | None:
     )
 
 
-def load_prompt_set(config: EvalConfig) -> PromptSet:
+def gsm8k_answer_column(rows: list[dict], columns: list[str]) -> str | None:
+    """`answer` when it holds GSM8K gold answers (`... #### 42`), else None."""
+    # An `answer` column of free text is not a gold answer.
+    if "answer" in columns and any(isinstance(r.get("answer"), str) and "####" in r["answer"] for r in rows):
+        return "answer"
+    return None
+
+
+def gsm8k_gold(text: str) -> str | None:
+    """The canonical number of a GSM8K gold answer (`... #### 42`), or of a bare number (`"42"`)."""
+    return extract_answer(text) or parse_number(text)
+
+
+def load_prompt_set(
+    config: EvalConfig,
+    find_answer_column=gsm8k_answer_column,
+    parse_gold=gsm8k_gold,
+    prompt_columns: tuple[str, ...] = PROMPT_COLUMNS,
+) -> PromptSet:
+    """The prompts of `config.prompts`, with references and gold answers where the columns exist.
+
+    `find_answer_column(rows, columns)` picks the gold-answer column when `answer_column` is unset,
+    `parse_gold(text)` turns a cell into the gold answer the task compares with (default: GSM8K's), and
+    the prompt column is the first of `prompt_columns` present when `prompt_column` is unset.
+    """
     rows = read_rows(config.prompts, config.prompts_config, config.prompts_split)
     if not rows:
         raise EvaluationError(f"The prompt set {config.prompts!r} is empty.")
@@ -161,11 +187,11 @@ def load_prompt_set(config: EvalConfig) -> PromptSet:
 
     prompt_column = config.prompt_column
     if prompt_column is None:
-        prompt_column = next((c for c in PROMPT_COLUMNS if c in columns), None)
+        prompt_column = next((c for c in prompt_columns if c in columns), None)
         if prompt_column is None:
             raise EvaluationError(
                 f"No prompt column in {config.prompts!r}: it has columns {columns}; accepted are "
-                f"{', '.join(PROMPT_COLUMNS)} (or name one with `prompt_column`)."
+                f"{', '.join(prompt_columns)} (or name one with `prompt_column`)."
             )
     named = {
         "prompt_column": prompt_column,
@@ -179,10 +205,8 @@ def load_prompt_set(config: EvalConfig) -> PromptSet:
             )
 
     answer_column = config.answer_column
-    if answer_column is None and "answer" in columns:
-        # GSM8K's gold answers end with `#### X`; an `answer` column of free text is not a gold answer.
-        if any(isinstance(r.get("answer"), str) and "####" in r["answer"] for r in rows):
-            answer_column = "answer"
+    if answer_column is None:
+        answer_column = find_answer_column(rows, columns)
 
     examples = []
     for index, row in enumerate(rows):
@@ -212,11 +236,7 @@ def load_prompt_set(config: EvalConfig) -> PromptSet:
             reference = _reference(row.get(config.reference_column), config.reference_column, index)
         gold = None
         if answer_column is not None and row.get(answer_column) is not None:
-            gold_text = str(row[answer_column])
-            gold = extract_answer(gold_text)
-            if gold is None:
-                # A bare number (e.g. `answer: "42"`) is a gold answer too.
-                gold = parse_number(gold_text)
+            gold = parse_gold(str(row[answer_column]))
         prompt_id = row.get("prompt_id", row.get("id", index))
         examples.append(
             PromptExample(
@@ -227,6 +247,7 @@ def load_prompt_set(config: EvalConfig) -> PromptSet:
                 input=extra_input,
                 reference=reference,
                 gold=gold,
+                row=row,
             )
         )
     if config.reference_column and not any(e.reference is not None for e in examples):

@@ -187,14 +187,20 @@ def score_rows(
 
 
 def score_policy(
-    name: str, generations: JsonlCache, reward_model: LazyRewardModel, config: EvalConfig, prompt_set: PromptSet
+    name: str,
+    generations: JsonlCache,
+    reward_model: LazyRewardModel,
+    config: EvalConfig,
+    prompt_set: PromptSet,
+    num_samples: int | None = None,
 ) -> JsonlCache:
-    """Rewards of the policy's sampled responses (greedy ones are not needed for BoN), cached."""
+    """Rewards of the policy's `num_samples` (default `n`) sampled responses per prompt (greedy ones are not
+    needed for BoN), cached."""
     settings = {**reward_settings(config), "generations": generations.fingerprint}
     cache = _rewards_cache(config, name, settings)
     items = []
     for i, example in enumerate(prompt_set.examples):
-        for j in range(config.n):
+        for j in range(config.n if num_samples is None else num_samples):
             row = generations.rows[(name, i, j)]
             key = (name, i, j)
             items.append((key, example.messages, row["response"], {"model": name, "prompt_index": i, "sample": j}))

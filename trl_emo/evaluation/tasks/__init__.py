@@ -1,0 +1,67 @@
+"""The evaluation tasks of `trl-emo eval`, registered by name (`EvalConfig.task`).
+
+Built-in tasks live in this package, one module each; another package can add its own with an
+entry point in the group `trl_emo.evaluation_tasks` whose module calls `register_task`.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from ...cli_utils import ConfigError
+from .base import COMMON_FIELDS, EvalTask, GenerationPlan, ModelRun
+
+__all__ = [
+    "COMMON_FIELDS", "EvalTask", "GenerationPlan", "ModelRun", "field_owners", "get_task", "register_task",
+    "task_names",
+]
+
+_TASKS: dict[str, type[EvalTask]] = {}
+_ENTRY_POINTS_LOADED = False
+
+
+def register_task(cls: type[EvalTask]) -> type[EvalTask]:
+    """Class decorator: make `cls` selectable as `task: <cls.name>`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no `name`.")
+    if cls.name in _TASKS and _TASKS[cls.name] is not cls:
+        raise ValueError(f"An evaluation task named {cls.name!r} is already registered ({_TASKS[cls.name].__name__}).")
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group="trl_emo.evaluation_tasks"):
+        entry_point.load()
+
+
+def task_names() -> list[str]:
+    _load_entry_points()
+    return sorted(_TASKS)
+
+
+def get_task(name: str) -> type[EvalTask]:
+    if name not in _TASKS:
+        _load_entry_points()
+    if name not in _TASKS:
+        valid = task_names()
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"Unknown task {name!r}.{hint} Tasks: {', '.join(valid)}.")
+    return _TASKS[name]
+
+
+def field_owners() -> dict[str, str]:
+    """Task-specific `EvalConfig` field -> the task that owns it."""
+    _load_entry_points()
+    return {name: task.name for task in _TASKS.values() for name in task.fields}
+
+
+# Importing the built-in task modules registers them.
+from . import bon, ifeval, math  # noqa: E402,F401
