@@ -146,7 +146,10 @@ def zero(workdir, deepspeed_cpu):
     cache = {}
 
     def launch(stage: int):
+        if isinstance(cache.get(stage), str):
+            pytest.fail(f"the ZeRO-{stage} launch failed (see the first failing test):\n{cache[stage][-1500:]}")
         if stage not in cache:
+            cache[stage] = "not finished"  # a failed launch fails its other tests at once instead of relaunching
             folder = root / f"zero{stage}"
             folder.mkdir()
             if stage == 2:
@@ -157,9 +160,13 @@ def zero(workdir, deepspeed_cpu):
                 launcher = ["--use_deepspeed", "--deepspeed_config_file", str(config), "--zero3_init_flag", "true",
                             "--num_machines", "1"]
             out = folder / "results.pt"
-            run([sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
-                 "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                 str(SCRIPT), model, str(out), json.dumps(RUNS), "2"])
+            try:
+                run([sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
+                     "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                     str(SCRIPT), model, str(out), json.dumps(RUNS), "2"])
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                cache[stage] = str(exc)
+                raise
             cache[stage] = torch.load(out)
         return cache[stage]
 
