@@ -147,7 +147,15 @@ class Objective:
         selected, selected_targets = aligned[mask], targets[mask]
         _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
-        values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
+        if self.live_cost:
+            from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+            # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a
+            # gather (read only, detached, so no gradient has to reach the shards).
+            with maybe_gather_lm_head_ctx(weight):
+                values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
+        else:
+            values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
         count = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = values.sum() if values.numel() else aligned.sum() * 0.0
         loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
