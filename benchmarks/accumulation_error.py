@@ -9,8 +9,10 @@ script replays that arithmetic on the CPU, exactly as the GPU does it: bf16 inpu
 rounded to bf16 (the chunk's GEMM output), `∂ℓ/∂y` rounded to bf16 (the kernel's store), each
 chunk's product formed in float32 and added to a bf16 running sum with one rounding (cuBLAS's
 `beta = 1` epilogue), and compares it with a float32 accumulator and with float64 from the same
-rounded inputs. The error is that of a sum of `tokens / chunk` rounded terms: it depends on the
-number of chunks and on the vocabulary, hardly on the hidden size, so `--hidden` can be small.
+rounded inputs. A third column keeps the chunk's logits in float32 (trl_emo 0.1's path, 3x slower
+on an H100) to separate the rounding of the logits from that of the accumulator. The accumulator's
+share grows with the number of chunks; all of it hardly depends on the hidden size, so `--hidden`
+can be small. The head is initialised like `loss_bench.py`'s (`randn / sqrt(hidden)`).
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=16_384)
     parser.add_argument("--vocab", type=int, default=128_256)
     parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096], help="rows per chunk")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[256, 512, 1024, 2048], help="rows per chunk")
+    parser.add_argument("--logit-std", type=float, default=1.0, help="spread of the logits (head scale)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
     gen = torch.Generator().manual_seed(0)
     n, v, d = args.tokens, args.vocab, args.hidden
     h = torch.randn(n, d, generator=gen).bfloat16()
-    w = (torch.randn(v, d, generator=gen) * (4.0 / d**0.5)).bfloat16()  # logits of a few nats' spread
+    w = (torch.randn(v, d, generator=gen) * (args.logit_std / d**0.5)).bfloat16()
     y = torch.randint(0, v, (n,), generator=gen)
 
     # float64 reference from the same rounded inputs, chunked to bound memory.
@@ -52,28 +55,39 @@ def main(argv=None) -> int:
     for chunk in args.chunks:
         acc_bf16 = torch.zeros(v, d, dtype=torch.bfloat16)
         acc_fp32 = torch.zeros(v, d, dtype=torch.float32)
+        acc_fp32_logits = torch.zeros(v, d, dtype=torch.float32)
         for s in range(0, n, chunk):
-            hc = h[s : s + chunk]
-            z = (hc.float() @ w.float().t()).bfloat16().float()  # the chunk's bf16 logits
-            g = torch.softmax(z, -1)
-            g[torch.arange(g.shape[0]), y[s : s + chunk]] -= 1.0
-            g = (g / n).bfloat16().float()  # the kernel stores ∂ℓ/∂y in bf16
-            contribution = g.t() @ hc.float()
-            acc_bf16 = (acc_bf16.float() + contribution).bfloat16()
-            acc_fp32 += contribution
+            hc = h[s : s + chunk].float()
+            rows_ = torch.arange(hc.shape[0])
+            z32 = hc @ w.float().t()
+            for logits, accumulators in ((z32.bfloat16().float(), ("bf16", "fp32")), (z32, ("fp32_logits",))):
+                g = torch.softmax(logits, -1)
+                g[rows_, y[s : s + chunk]] -= 1.0
+                g = (g / n).bfloat16().float()  # ∂ℓ/∂y is stored in bf16 before the products
+                contribution = g.t() @ hc
+                for name in accumulators:
+                    if name == "bf16":
+                        acc_bf16 = (acc_bf16.float() + contribution).bfloat16()
+                    elif name == "fp32":
+                        acc_fp32 += contribution
+                    else:
+                        acc_fp32_logits += contribution
         rows.append({
             "rows_per_chunk": chunk,
             "chunks": -(-n // chunk),
-            "bf16_accumulator": relative(acc_bf16, reference),
-            "fp32_accumulator": relative(acc_fp32.bfloat16(), reference),
+            "bf16_logits_bf16_accumulator": relative(acc_bf16, reference),
+            "bf16_logits_fp32_accumulator": relative(acc_fp32.bfloat16(), reference),
+            "fp32_logits_fp32_accumulator": relative(acc_fp32_logits.bfloat16(), reference),
         })
         print(json.dumps(rows[-1]), flush=True)
 
     print(f"\n{n:,} tokens x {v:,} vocab x {d} hidden (bf16 inputs); relative error of ∂W (Frobenius) against float64:\n")
-    print("| rows per chunk | chunks | bf16 accumulator | float32 accumulator, rounded once |")
-    print("|---:|---:|---:|---:|")
+    print("| rows per chunk | chunks | bf16 logits, bf16 accumulator (GPU path) | bf16 logits, float32 accumulator | "
+          "float32 logits, float32 accumulator |")
+    print("|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['rows_per_chunk']:,} | {r['chunks']} | {r['bf16_accumulator']:.2e} | {r['fp32_accumulator']:.2e} |")
+        print(f"| {r['rows_per_chunk']:,} | {r['chunks']} | {r['bf16_logits_bf16_accumulator']:.2e} | "
+              f"{r['bf16_logits_fp32_accumulator']:.2e} | {r['fp32_logits_fp32_accumulator']:.2e} |")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"tokens": n, "vocab": v, "hidden": d, "results": rows}, handle, indent=2)

@@ -59,6 +59,8 @@ class Objective:
         self.backend = backend
         self.trust_remote_code = trust_remote_code
         self.cost: CostEmbedding | None = None
+        # Set when a frozen snapshot was asked for but the head itself is frozen (see prepare_cost).
+        self.head_is_snapshot = False
 
     # -- cost embedding -------------------------------------------------------------------
     @property
@@ -69,26 +71,30 @@ class Objective:
     def live_cost(self) -> bool:
         return self.cost_source == "lm_head"
 
+    @property
+    def reads_head(self) -> bool:
+        """The cost is the head as it is at each step (detached), not a stored table."""
+        return self.live_cost or self.head_is_snapshot
+
     def prepare_cost(self, model) -> None:
         """Take the frozen snapshot or load the cost file, once; check its vocabulary."""
-        if not self.needs_cost or self.live_cost or self.cost is not None:
+        if not self.needs_cost or self.reads_head or self.cost is not None:
             return
         weight = model.get_output_embeddings().weight
         if self.cost_source == "frozen":
+            if not weight.requires_grad:
+                # A frozen head (LoRA, QLoRA) never changes, so it is its own snapshot: it is read at
+                # each step like the live cost (inside the gather the loss already makes under
+                # ZeRO-3) instead of being copied, which would cost another head's worth of memory
+                # (1 GiB for Llama-3-8B in bf16).
+                self.head_is_snapshot = True
+                return
             from trl.trainer.utils import maybe_gather_lm_head_ctx
 
             with maybe_gather_lm_head_ctx(weight):
-                if hasattr(weight, "full_tensor"):  # FSDP2: a gathered copy
-                    full = weight.full_tensor().detach()
-                elif weight.requires_grad or hasattr(weight, "ds_id"):
-                    # A training head changes, and a ZeRO-3 head is re-partitioned after the
-                    # gather: both need a copy. It keeps the head's dtype (widening is exact).
-                    full = weight.detach().clone()
-                else:
-                    # A frozen head (LoRA, QLoRA) never changes: it is its own snapshot, and a
-                    # copy would only cost another head's worth of memory.
-                    full = weight.detach()
-                self.cost = CostEmbedding(full, source="a frozen snapshot of the output embedding")
+                full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+                # The snapshot keeps the head's dtype: widening to float32 later is exact.
+                self.cost = CostEmbedding(full.detach().clone(), source="a frozen snapshot of the output embedding")
         else:
             self.cost = load_cost_embedding(self.cost_source, trust_remote_code=self.trust_remote_code).to(weight.device)
         self.cost.check_vocab(output_vocab_size(model))
@@ -117,7 +123,7 @@ class Objective:
     def _kwargs(self, weight: torch.Tensor) -> dict:
         if not self.needs_cost:
             return self.hparams
-        cost = CostEmbedding(weight.detach(), source="the live output embedding") if self.live_cost else self.cost
+        cost = CostEmbedding(weight.detach(), source="the live output embedding") if self.reads_head else self.cost
         if cost is None:
             raise RuntimeError("The EMO cost embedding was not prepared; call `prepare_cost(model)` first.")
         return {**self.hparams, "cost_embedding": cost}
@@ -147,7 +153,7 @@ class Objective:
         selected, selected_targets = aligned[mask], targets[mask]
         _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
-        if self.live_cost:
+        if self.reads_head:
             from trl.trainer.utils import maybe_gather_lm_head_ctx
 
             # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a

@@ -113,7 +113,8 @@ class SFTTrainer(_TRLSFTTrainer):
                     raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
                 resume_from_checkpoint = checkpoint
             restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
-            if checkpoint and not restored and self._objective.cost_source == "frozen":
+            head_trains = self._base_model().get_output_embeddings().weight.requires_grad
+            if checkpoint and not restored and self._objective.cost_source == "frozen" and head_trains:
                 logger.warning(
                     "Checkpoint %s has no %s: the frozen EMO cost embedding is re-taken from the resumed weights.",
                     checkpoint,
