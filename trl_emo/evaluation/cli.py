@@ -13,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     """
+    from ..noise import quiet_optional_packages
+
+    quiet_optional_packages()
     try:
         (config,) = parse_config([EvalConfig], argv)
         from .pipeline import run_evaluation
