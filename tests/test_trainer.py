@@ -102,7 +102,8 @@ class _PoisonHead(TrainerCallback):
                 self.trainer_ref[0].model.get_output_embeddings().weight.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("loss_type", ["gem", "emo", "nll"])
+# Not "nll": TRL's own losses keep TRL's behaviour on a NaN (training goes on; tests/test_drop_in.py).
+@pytest.mark.parametrize("loss_type", ["gem", "emo"])
 def test_nan_logits_raise_an_error_naming_the_step(tmp_path, make_model, tokenizer, pc_dataset, loss_type):
     ref = []
     args = cpu_config(tmp_path, loss_type=loss_type, max_steps=5)

@@ -1,8 +1,10 @@
 """Command-line parsing shared by `trl_emo.sft`, `trl_emo.dpo` and `trl_emo.evaluate`.
 
 All of them are built on TRL's `TrlParser` (YAML file + CLI flags, CLI wins). This module only adds
-what TrlParser lacks: `--recipe` as an alias of `--config`, and clear errors for a missing file, a
-file that is not a YAML mapping, or an unknown key (with the closest valid names).
+what TrlParser lacks: `--recipe` as an alias of `--config` that also takes the name of a packaged
+recipe, clear errors for a missing file, a file that is not a YAML mapping, or an unknown key (with
+the closest valid names), the record of which fields the user set explicitly, deprecated field names
+translated (so a flag under either name wins), and dry runs that do not need a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ def _known_fields(dataclass_types: Iterable[type]) -> set[str]:
     for cls in dataclass_types:
         names.update(f.name for f in dataclasses.fields(cls) if f.init)
     return names
+
+
+def _field_default(dataclass_types: Iterable[type], name: str):
+    for cls in dataclass_types:
+        for f in dataclasses.fields(cls):
+            if f.name == name and f.init:
+                if f.default is not dataclasses.MISSING:
+                    return f.default
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+    return None
 
 
 def unknown_key_message(keys: Sequence[str], known: Iterable[str], where: str) -> str:
@@ -52,6 +65,23 @@ def load_yaml_mapping(path: str | os.PathLike) -> dict:
     return config
 
 
+# Deprecated names that TRL's configs still fill in by default (`gradient_checkpointing=True` in TRL's base config),
+# mapped to the names that replace them. A flag given under either name must win over the recipe, and no run should
+# print a deprecation warning for a value the user never wrote, so both spellings are translated to the one the
+# installed transformers reads without warning (the old one where the new one does not exist yet).
+RENAMED_FIELDS = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
+BF16_WITHOUT_GPU = "support bf16/gpu"  # transformers' check in `TrainingArguments.__post_init__`
+
+
+def _flag_name(arg: str) -> str | None:
+    if not arg.startswith("--") or len(arg) == 2:
+        return None
+    return arg[2:].split("=", 1)[0].replace("-", "_")
+
+
 def normalize_argv(argv: Sequence[str] | None) -> list[str]:
     """Map `--recipe FILE` / `--recipe=FILE` to TrlParser's `--config FILE`."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -68,34 +98,166 @@ def normalize_argv(argv: Sequence[str] | None) -> list[str]:
     return out
 
 
-def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):
-    """Parse `argv` into instances of `dataclass_types` with TrlParser, after checking the recipe.
+def _renames(known: set[str]) -> dict[str, str]:
+    """old -> new where the installed classes have both names; new -> old where they only have the old one."""
+    renames = {}
+    for old, new in RENAMED_FIELDS.items():
+        if old in known and new in known:
+            renames[old] = new
+        elif old in known:
+            renames[new] = old
+    return renames
 
-    `extra_known` names YAML keys that are consumed elsewhere (TrlParser handles `env`).
+
+def _rename_flags(argv: list[str], renames: dict[str, str], known: set[str]) -> list[str]:
+    out = []
+    for arg in argv:
+        name = _flag_name(arg)
+        if name is not None and name.startswith("no_") and name[3:] in renames and name not in known:
+            # `--no_gradient_checkpointing` (argparse's negation of a True default) under the new name.
+            out.extend([f"--{renames[name[3:]]}", "false"])
+        elif name in renames:
+            out.append(f"--{renames[name]}" + (arg[arg.index("="):] if "=" in arg else ""))
+        else:
+            out.append(arg)
+    return out
+
+
+def _given_flags(argv: Sequence[str], known: set[str]) -> set[str]:
+    names = set()
+    for arg in argv:
+        name = _flag_name(arg)
+        if name is None:
+            continue
+        if name.startswith("no_") and name not in known and name[3:] in known:
+            name = name[3:]
+        names.add(name)
+    return names
+
+
+@dataclasses.dataclass
+class CommandLine:
+    """What `parse_command_line` read.
+
+    Attributes:
+        values: one instance per dataclass type, in order.
+        explicit: the field names the user set (in the recipe or as a flag); the rest are defaults.
+        recipe: the recipe file used (a packaged recipe resolved from its name), or None.
+        notes: lines worth telling the user (e.g. how a dry run got past a check that only training needs).
     """
+
+    values: tuple
+    explicit: frozenset
+    recipe: str | None = None
+    notes: list = dataclasses.field(default_factory=list)
+
+
+RECIPE_HELP = (
+    "--recipe NAME|FILE.yaml (or --config): a packaged recipe (`trl-emo recipes` lists them, e.g.\n"
+    "gem_ultrafeedback) or a YAML file of the fields below; flags given here override it."
+)
+
+
+def _parse_once(dataclass_types, argv, extra_known, prog=None, description=None):
+    import argparse
+
     from trl import TrlParser
 
-    argv = normalize_argv(argv)
-    known = _known_fields(dataclass_types) | {"env", *extra_known}
+    from .recipe_catalog import RecipeNotFound, resolve_recipe
+
+    known = _known_fields(dataclass_types)
+    renames = _renames(known)
+    accepted = known | set(renames) | {"env", *extra_known}
+    argv = _rename_flags(list(argv), renames, known)
+    parser = TrlParser(
+        list(dataclass_types),
+        prog=prog,
+        description="\n\n".join(filter(None, (description, RECIPE_HELP))),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # TRL's configs default the deprecated name (`gradient_checkpointing=True`), which makes transformers warn
+    # about a value nobody wrote: the same default goes under the new name.
+    defaults = {new: _field_default(dataclass_types, old) for old, new in renames.items() if old in RENAMED_FIELDS}
+    parser.set_defaults_with_config(**{key: value for key, value in defaults.items() if value is not None})
+    config, recipe = {}, None
     if "--config" in argv:
         index = argv.index("--config")
         if index + 1 >= len(argv):
-            raise ConfigError("--recipe/--config needs a file path.")
-        path = argv[index + 1]
-        config = load_yaml_mapping(path)
-        unknown = [key for key in config if key not in known]
+            raise ConfigError("--recipe/--config needs a file path or the name of a packaged recipe.")
+        try:
+            recipe = resolve_recipe(argv[index + 1])
+        except RecipeNotFound as exc:
+            raise ConfigError(str(exc)) from None
+        del argv[index : index + 2]
+        config = load_yaml_mapping(recipe)
+        unknown = [key for key in config if key not in accepted]
         if unknown:
-            raise ConfigError(unknown_key_message(unknown, known, f"recipe {path}"))
-    parser = TrlParser(list(dataclass_types))
+            raise ConfigError(unknown_key_message(unknown, known, f"recipe {recipe}"))
+        clashes = [f"{old!r} and {new!r}" for old, new in renames.items() if old in config and new in config]
+        if clashes:
+            raise ConfigError(f"Recipe {recipe} sets both {', '.join(clashes)} (the same setting); keep one.")
+        config = {renames.get(key, key): value for key, value in config.items()}
+        # As TrlParser does: the recipe's `env` mapping goes to the environment, the rest become defaults.
+        env = config.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise ConfigError(f"`env` in recipe {recipe} must be a mapping of variable: value.")
+        for key, value in env.items():
+            os.environ[str(key)] = str(value)
+        for key in extra_known:
+            config.pop(key, None)
+        parser.set_defaults_with_config(**config)
     try:
-        return parser.parse_args_and_config(args=argv)
+        values = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as exc:
         # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
         raise ConfigError(str(exc)) from exc
     except SystemExit as exc:
+        if exc.code in (0, None):
+            raise  # --help: argparse printed it; exit 0 as every command-line tool does
         # argparse already printed its message (unknown flag, bad value); turn it into an error
         # the caller can catch, and keep the exit status.
         raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
+    return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
+
+
+def parse_command_line(
+    dataclass_types: Sequence[type],
+    argv: Sequence[str] | None = None,
+    extra_known: Iterable[str] = (),
+    prog: str | None = None,
+    description: str | None = None,
+) -> CommandLine:
+    """Parse `argv` (a recipe plus flags; flags win) into instances of `dataclass_types` with TRL's `TrlParser`.
+
+    `--recipe` takes a file or the name of a packaged recipe. `extra_known` names recipe keys consumed elsewhere.
+    A `--dry_run` on a machine without a GPU gets past transformers' bf16 check (it loads no model); training with
+    `bf16: true` there is a one-line error. `prog` and `description` head the `--help` text.
+    """
+    argv = normalize_argv(argv)
+    extra_known = tuple(extra_known)
+    try:
+        return _parse_once(dataclass_types, argv, extra_known, prog, description)
+    except ConfigError as exc:
+        if BF16_WITHOUT_GPU not in str(exc):
+            raise
+        error = exc
+    # Only `use_cpu` lets transformers accept bf16 without a GPU; parse again with it to see if this is a dry run.
+    parsed = _parse_once(dataclass_types, [*argv, "--use_cpu", "true"], extra_known, prog, description)
+    if not any(getattr(values, "dry_run", False) is True for values in parsed.values):
+        raise ConfigError(
+            "bf16 is on but this machine has no GPU that supports it: train on a GPU, "
+            "or pass --bf16 false to train in float32 on the CPU (a --dry_run works here as it is)."
+        ) from error
+    parsed.notes.append(
+        "no GPU here: bf16 was checked as if --use_cpu true (a dry run loads no model); training with this "
+        "configuration needs a GPU, or --bf16 false"
+    )
+    return parsed
+
+
+def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):
+    """`parse_command_line(...).values`: the parsed dataclass instances."""
+    return parse_command_line(dataclass_types, argv, extra_known).values
 
 
 def plain(value):

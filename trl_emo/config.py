@@ -84,6 +84,9 @@ class SFTConfig(_TRLSFTConfig):
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
+        stop_on_non_finite_loss (`bool`, *optional*, defaults to `True`):
+            Stop training with `trl_emo.NonFiniteLossError`, before the step's update, when a trl_emo loss is NaN or
+            infinite. Never applies to `"nll"` and `"dft"`, which behave exactly as in TRL (training goes on).
 
     > [!NOTE]
     > One default differs from [`trl.SFTConfig`]: when `bf16` is not set, it is `True` only if a CUDA/XPU device is
@@ -139,6 +142,10 @@ class SFTConfig(_TRLSFTConfig):
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
+    )
+    stop_on_non_finite_loss: bool = field(
+        default=True,
+        metadata={"help": "Stop with NonFiniteLossError when a trl_emo loss is NaN/inf (never for 'nll'/'dft')."},
     )
 
     def __post_init__(self):

@@ -2,8 +2,9 @@
 
 It builds (once, cached) a small Llama-style model and a byte-level BPE tokenizer from the bundled
 Alpaca-GPT4-schema sample, fine-tunes a copy with each loss through `trl_emo.sft` and
-`recipes/demo.yaml` (the same path a real recipe takes), then compares on held-out rows:
+the packaged `demo` recipe (the same path a real recipe takes), then compares on held-out rows:
 cross-entropy, the entropy of the next-token distribution, and the diversity of sampled answers.
+`--quick` is a smoke test of an installation (a few steps, a few samples; the numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from pathlib import Path
 
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
-DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
+DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/recipe_catalog.py)
+# `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
+QUICK = dict(max_steps=3, num_prompts=2, samples_per_prompt=2, max_new_tokens=8)
 MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
 
 
@@ -24,16 +27,26 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="trl-emo demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="trl_emo_demo", help="Where the data, models and summary go.")
     parser.add_argument("--losses", default="nll,gem", help="Comma-separated loss types to compare (first is the baseline).")
-    parser.add_argument("--recipe", default=str(DEFAULT_RECIPE), help="Training recipe (YAML) shared by every run.")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="Training recipe shared by every run: a packaged recipe's "
+                        "name or a YAML file (default: the packaged `demo`).")
     parser.add_argument("--max_steps", type=int, default=None, help="Override the recipe's number of steps.")
     parser.add_argument("--num_prompts", type=int, default=16, help="Held-out prompts to sample answers for.")
     parser.add_argument("--samples_per_prompt", type=int, default=4, help="Sampled answers per prompt (diversity).")
     parser.add_argument("--max_new_tokens", type=int, default=48)
+    parser.add_argument("--quick", action="store_true", help="Smoke test of the installation: "
+                        + ", ".join(f"--{k} {v}" for k, v in QUICK.items()) + " (the numbers mean nothing).")
     parser.add_argument("--overwrite", action="store_true", help="Retrain even when a finished run is cached.")
     args = parser.parse_args(argv)
+    if args.quick:  # new defaults: flags given explicitly still win
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     args.losses = [name.strip() for name in args.losses.split(",") if name.strip()]
-    if not os.path.isfile(args.recipe):
-        parser.error(f"recipe not found: {args.recipe} (run from a source checkout, or pass --recipe)")
+    from .recipe_catalog import RecipeNotFound, resolve_recipe
+
+    try:
+        args.recipe = resolve_recipe(args.recipe)
+    except RecipeNotFound as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -89,7 +102,8 @@ def evaluate_one(run_dir: Path, test_rows, num_prompts, samples_per_prompt, max_
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     model = AutoModelForCausalLM.from_pretrained(run_dir, dtype=torch.float32).eval()
     formatted = Dataset.from_list([format_example(r, "alpaca", "alpaca") for r in test_rows])
-    args = SFTConfig(output_dir=str(run_dir / "eval"), use_cpu=True, bf16=False, report_to="none", max_length=256)
+    args = SFTConfig(output_dir=str(run_dir / "eval"), use_cpu=True, bf16=False, report_to="none", max_length=256,
+                     activation_checkpointing=False)
     prepared = prepare_examples(formatted, tokenizer, args, len(formatted))
 
     nll_sum = entropy_sum = count = 0.0
@@ -144,6 +158,9 @@ def format_table(results: dict, seconds: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from .noise import quiet_optional_packages
+
+    quiet_optional_packages()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from .tiny import save_tiny_causal_lm

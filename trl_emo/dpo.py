@@ -1,4 +1,4 @@
-"""`python -m trl_emo.dpo --recipe recipes/dpo_ultrafeedback.yaml --model_name_or_path <SFT output>`.
+"""`python -m trl_emo.dpo --recipe dpo_ultrafeedback --model_name_or_path <SFT output>`.
 
 DPO with TRL's own `DPOTrainer` on top of an SFT run of `trl_emo.sft`, whether that run saved a
 full model or a LoRA/QLoRA adapter. TRL's `DPOTrainer(model="<adapter folder>")` fails, and
@@ -113,7 +113,7 @@ def _render(tokenizer, messages_or_text, prompt=None) -> str:
     return full[len(head):] if full.startswith(head) else full
 
 
-def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, n: int, out=None) -> None:
+def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, n: int, out=None, notes=()) -> None:
     """Print the resolved configuration and `n` preference pairs as the model will read them."""
     import dataclasses
 
@@ -127,6 +127,8 @@ def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, da
     }
     out = out or sys.stdout
     print("# trl_emo.dpo --dry_run: resolved configuration", file=out)
+    for note in notes:
+        print(f"# note: {note}", file=out)
     print(dump_sections(sections), file=out)
     for i, row in enumerate(train_dataset.select(range(min(n, len(train_dataset))))):
         print(f"--- pair {i} ---", file=out)
@@ -136,12 +138,22 @@ def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, da
 
 
 def main(argv=None) -> int:
-    from .cli_utils import parse_config
+    from .noise import quiet_optional_packages
+
+    quiet_optional_packages()
+    from .cli_utils import parse_command_line
     from .data import DataError, load_dpo_datasets
     from .sft import model_loading_kwargs, resolve_resume
 
     try:
-        script_args, training_args, model_args, data_args, run_args = parse_config(dataclass_types(), argv)
+        command_line = parse_command_line(
+            dataclass_types(),
+            argv,
+            prog="trl_emo.dpo (trl-emo dpo)",
+            description="DPO with TRL's DPOTrainer on top of an SFT output of trl_emo.sft (a full model or a LoRA/QLoRA "
+            "adapter, merged first).\n--dry_run prints the resolved configuration and preference pairs, without a model.",
+        )
+        script_args, training_args, model_args, data_args, run_args = command_line.values
         if model_args.model_name_or_path is None:
             raise ConfigError("model_name_or_path is required: the folder written by trl_emo.sft (model or adapter).")
         if script_args.dataset_name is None:
@@ -162,11 +174,15 @@ def main(argv=None) -> int:
         if training_args.eval_strategy != "no" and eval_dataset is None:
             raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
         if run_args.dry_run:
-            dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, run_args.dry_run_examples)
+            dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, run_args.dry_run_examples,
+                    notes=command_line.notes)
             return 0
     except (ConfigError, DataError, FileNotFoundError) as exc:
         print(f"trl_emo.dpo: error: {exc}", file=sys.stderr)
         return 2
+    from .noise import release_for
+
+    release_for(model_args, training_args)
 
     from trl import DPOTrainer
 

@@ -20,6 +20,10 @@ from .cli_utils import ConfigError
 logger = logging.getLogger("trl_emo.sft")
 
 MASK_OPEN, MASK_CLOSE = "«", "»"
+HELP = """Supervised fine-tuning with any loss (loss_type: nll, dft, gem, emo, tailr, mixce, ce_entropy; see
+`trl-emo losses`), through trl_emo.SFTTrainer. Runs under `accelerate launch -m trl_emo.sft` too.
+--dry_run prints the resolved configuration and formatted training examples (the part without loss in « »)
+and exits without loading the model; it needs no GPU."""
 
 
 @dataclass
@@ -51,15 +55,17 @@ def dataclass_types():
 
 
 def parse_args(argv=None):
-    from .cli_utils import parse_config
+    """The command line as a `CommandLine` whose `values` are (script, training, model, data, run) arguments."""
+    from .cli_utils import parse_command_line
 
-    script_args, training_args, model_args, data_args, run_args = parse_config(dataclass_types(), argv)
+    command_line = parse_command_line(dataclass_types(), argv, prog="trl_emo.sft (trl-emo sft)", description=HELP)
+    script_args, training_args, model_args, data_args, run_args = command_line.values
     if model_args.model_name_or_path is None:
         raise ConfigError("model_name_or_path is required (in the recipe or as --model_name_or_path).")
     if script_args.dataset_name is None:
         raise ConfigError("dataset_name is required (a Hub id or a local file/folder; in the recipe or as --dataset_name).")
     training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
-    return script_args, training_args, model_args, data_args, run_args
+    return command_line
 
 
 def resolve_resume(value):
@@ -145,9 +151,11 @@ def prepare_examples(train_dataset, tokenizer, training_args, n: int):
     return TRLSFTTrainer._prepare_dataset(stand_in, rows, tokenizer, training_args, False, None, "dry-run")
 
 
-def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, info, n: int, out=None):
+def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, info, n: int, out=None, notes=()):
     out = out or sys.stdout
     print("# trl_emo.sft --dry_run: resolved configuration", file=out)
+    for note in notes:
+        print(f"# note: {note}", file=out)
     print(format_configuration(script_args, training_args, model_args, data_args), file=out)
     print(f"# {info.summary()}", file=out)
     prepared = prepare_examples(train_dataset, tokenizer, training_args, n)
@@ -174,9 +182,9 @@ def load_tokenizer(model_args, training_args):
         # TRL applies it again inside SFTTrainer; the data formatting needs to see it already.
         with open(template_path, encoding="utf-8") as handle:
             tokenizer.chat_template = handle.read()
-    elif template_path is not None and not getattr(tokenizer, "chat_template", None):
-        # TRL clones the template (and its special tokens) from that tokenizer inside SFTTrainer;
-        # the data only needs to know that a chat template will be there.
+    elif template_path is not None:
+        # TRL clones the template (and its special tokens) from that tokenizer inside SFTTrainer,
+        # replacing the model's own; the data formatting and masking checks need to see it already.
         source = AutoTokenizer.from_pretrained(template_path, trust_remote_code=training_args.trust_remote_code)
         tokenizer.chat_template = source.chat_template
     if tokenizer.pad_token is None:
@@ -232,28 +240,71 @@ def save_outputs(trainer, output_dir: str) -> None:
 
 
 def main(argv=None) -> int:
+    from .noise import quiet_optional_packages
+
+    quiet_optional_packages()
     from .data import DataError
 
     try:
-        script_args, training_args, model_args, data_args, run_args = parse_args(argv)
+        command_line = parse_args(argv)
+        script_args, training_args, model_args, data_args, run_args = command_line.values
+        notes = list(command_line.notes)
         tokenizer = load_tokenizer(model_args, training_args)
         from .data import load_sft_datasets
 
         train_dataset, eval_dataset, info = load_sft_datasets(script_args, data_args, tokenizer)
-        if info.assistant_only_loss and not training_args.assistant_only_loss:
-            logger.warning("The dataset is in the `messages` format: setting assistant_only_loss=True (loss on assistant turns only).")
+        if info.assistant_only_loss and not training_args.assistant_only_loss and "assistant_only_loss" not in command_line.explicit:
+            logger.warning(
+                "The dataset is in the `messages` format: setting assistant_only_loss=True (loss on assistant turns "
+                "only; pass --assistant_only_loss false to train on every token)."
+            )
             training_args.assistant_only_loss = True
+        if training_args.assistant_only_loss and info.output_format in ("prompt_completion", "text"):
+            raise ConfigError(
+                f"assistant_only_loss=True needs conversations, but the dataset was formatted as {info.output_format} "
+                "(no chat template); pass --assistant_only_loss false (prompt/completion data is masked anyway)."
+            )
+        if training_args.assistant_only_loss:
+            from .data.chat_masking import route_conversations, template_masks_assistant_turns
+
+            if info.output_format == "messages":
+                template_source = training_args.chat_template_path or model_args.model_name_or_path
+                train_dataset, eval_dataset, routed = route_conversations(
+                    train_dataset, eval_dataset, tokenizer, template_source
+                )
+            else:  # conversational prompt/completion: TRL's completion-only loss already masks the prompt
+                routed = not template_masks_assistant_turns(tokenizer)
+            if routed and training_args.completion_only_loss is False:
+                raise ConfigError(
+                    "The chat template has no {% generation %} markers, so the assistant-only loss goes through TRL's "
+                    "completion-only loss, which completion_only_loss=false turns off; drop one of the two settings."
+                )
+            if routed:
+                # The same loss through TRL's completion-only masking, which needs no template markers.
+                training_args.assistant_only_loss = False
+                info.output_format = "conversational_prompt_completion"
+                notes.append(
+                    "the chat template has no {% generation %} markers: each conversation (one final assistant turn) "
+                    "trains as conversational prompt/completion, the prompt masked by TRL's completion-only loss"
+                )
+        info.assistant_only_loss = training_args.assistant_only_loss
         if training_args.eval_strategy != "no" and eval_dataset is None:
             raise ConfigError(
                 f"eval_strategy={training_args.eval_strategy!s} but the dataset has no {script_args.dataset_test_split!r} "
                 "split; set dataset_test_split to an existing split or eval_strategy to 'no'."
             )
         if run_args.dry_run:
-            dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, info, run_args.dry_run_examples)
+            dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, info,
+                    run_args.dry_run_examples, notes=notes)
             return 0
     except (ConfigError, DataError, FileNotFoundError) as exc:
         print(f"trl_emo.sft: error: {exc}", file=sys.stderr)
         return 2
+    for note in notes:
+        logger.warning(note)
+    from .noise import release_for
+
+    release_for(model_args, training_args)
 
     from .trainer import SFTTrainer
 

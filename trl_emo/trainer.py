@@ -144,11 +144,8 @@ class SFTTrainer(_TRLSFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         if self._objective is None:
-            result = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-            loss = result[0] if return_outputs else result
-            if not torch.isfinite(loss.detach()).all():
-                self._raise_non_finite(mode)
-            return result
+            # TRL's own losses: exactly TRL's behaviour, a NaN included.
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
         inputs["use_cache"] = False
         if self.aux_loss_enabled:
@@ -172,7 +169,7 @@ class SFTTrainer(_TRLSFTTrainer):
             aux_loss = getattr(model_outputs, "aux_loss", None)
 
         loss = outputs.loss
-        if not torch.isfinite(loss.detach()).all():
+        if self.args.stop_on_non_finite_loss and not torch.isfinite(loss.detach()).all():
             self._raise_non_finite(mode)
         # Like TRL: `num_items_in_batch` counts every rank's tokens while DDP averages gradients.
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:

@@ -15,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     `--list_tasks` prints the registered tasks and exits.
     """
+    from ..noise import quiet_optional_packages
+
+    quiet_optional_packages()
     if argv is None:
         argv = sys.argv[1:]
     if "--list_tasks" in argv:

@@ -1,0 +1,142 @@
+"""The package works installed, not only in a checkout: recipes ship in the wheel and resolve by name."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from conftest import CORPUS
+from data_fixtures import write_fixture
+from trl_emo import cli, sft
+from trl_emo.recipe_catalog import describe, packaged_recipe, recipe_names, recipes_dir, resolve_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE_FILES = sorted(p.relative_to(ROOT / "recipes").with_suffix("").as_posix() for p in (ROOT / "recipes").rglob("*.yaml"))
+NOISE = ("kernels-community", "FutureWarning", "is deprecated", "Setting accelerator to CPU")
+
+
+def test_every_package_is_listed_in_pyproject():
+    """`package-dir` (which ships `recipes/` as `trl_emo.recipes`) rules out automatic discovery: a new subpackage
+    must be added to `[tool.setuptools] packages`, or the wheel would miss it."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "trl_emo").rglob("__init__.py")
+    }
+    assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+    assert "trl_emo.recipes" in listed
+
+
+def test_recipes_are_listed_with_a_description(capsys):
+    assert recipe_names() == RECIPE_FILES
+    assert cli.main(["recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == RECIPE_FILES
+    for line in lines:
+        name, text = line.split(maxsplit=1)
+        assert len(text) > 20 and text == describe(recipes_dir() / f"{name}.yaml"), line
+    assert describe(recipes_dir() / "gem_ultrafeedback.yaml") == "GEM on UltraFeedback (Li et al., ICLR 2025, section 5 and appendix D.1)."
+
+
+def test_recipe_names_resolve_to_the_packaged_files_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expected = str(recipes_dir() / "gem_ultrafeedback.yaml")
+    for value in ("gem_ultrafeedback", "gem_ultrafeedback.yaml", "recipes/gem_ultrafeedback.yaml"):
+        assert resolve_recipe(value) == expected
+    assert packaged_recipe("accelerate/zero2") == recipes_dir() / "accelerate" / "zero2.yaml"
+    # A file that exists is always the user's file, even when it has a packaged recipe's name.
+    own = tmp_path / "recipes" / "gem_ultrafeedback.yaml"
+    own.parent.mkdir()
+    own.write_text("loss_type: nll\n")
+    assert resolve_recipe("recipes/gem_ultrafeedback.yaml") == "recipes/gem_ultrafeedback.yaml"
+    for bad in ("gem_ultrafedback", "../pyproject", "/gem_ultrafeedback"):
+        assert packaged_recipe(bad) is None
+
+
+def test_recipe_copy_writes_an_editable_file_and_keeps_an_existing_one(tmp_path, capsys):
+    source = (recipes_dir() / "gem_ultrafeedback.yaml").read_text()
+    assert cli.main(["recipes", "copy", "gem_ultrafeedback", str(tmp_path)]) == 0
+    target = tmp_path / "gem_ultrafeedback.yaml"
+    assert target.read_text() == source and str(target) in capsys.readouterr().out
+    target.write_text("# mine\n")
+    assert cli.main(["recipes", "copy", "gem_ultrafeedback.yaml", str(target)]) == 2
+    assert "--force" in capsys.readouterr().err and target.read_text() == "# mine\n"
+    assert cli.main(["recipes", "copy", "gem_ultrafeedback", str(target), "--force"]) == 0
+    assert target.read_text() == source
+    assert cli.main(["recipes", "copy", "accelerate/zero2", str(tmp_path / "launch.yaml")]) == 0
+    assert (tmp_path / "launch.yaml").read_text().startswith("# DeepSpeed ZeRO-2")
+    assert cli.main(["recipes", "copy", "nope", str(tmp_path)]) == 2
+
+
+def test_sft_takes_a_recipe_by_name_outside_the_checkout(tmp_path, monkeypatch, capsys):
+    from trl_emo.tiny import save_tiny_causal_lm
+
+    model = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "m", vocab_size=320, hidden_size=32, intermediate_size=64)
+    data = write_fixture("metamath", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--recipe", "gem_metamath", "--model_name_or_path", model, "--chat_template_path", "", "--dataset_name",
+            data, "--use_cpu", "true", "--output_dir", str(tmp_path / "out"), "--dry_run"]
+    assert sft.main(argv) == 0
+    assert "gem_h: logsigmoid" in capsys.readouterr().out
+    assert sft.main([*argv[:1], "gem_metamathh", *argv[2:]]) == 2
+    assert "no packaged recipe has that name" in capsys.readouterr().err
+
+
+def _site_packages(venv: Path) -> Path:
+    return Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+
+
+def test_the_wheel_installed_outside_the_checkout_runs_the_demo_and_a_recipe(tmp_path):
+    """Build the wheel from a copy of the sources, install it into a fresh virtual environment (the machine's
+    packages visible, so torch is not reinstalled), and from an empty folder, with nothing of the checkout on the
+    path, run `trl-emo demo --quick` and a dry run of a packaged recipe by name."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                                               "outputs", "trl_emo_demo", "tests", "docs", "benchmarks"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("trl_emo-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    installed = subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRL_EMO_CACHE=str(tmp_path / "cache"), PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
+
+    def run(*command):
+        result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        for noise in NOISE:
+            assert noise not in result.stdout + result.stderr, result.stdout + result.stderr
+        return result.stdout
+
+    site = _site_packages(venv)
+    where = run(str(python), "-c", "import trl_emo, trl_emo.recipe_catalog as c; print(trl_emo.__file__); print(c.recipes_dir())")
+    module, recipes = where.split()
+    assert Path(module).resolve() == (site / "trl_emo" / "__init__.py").resolve(), where
+    assert Path(recipes).resolve() == (site / "trl_emo" / "recipes").resolve()
+
+    out = run(str(venv / "bin" / "trl-emo"), "demo", "--quick", "--output_dir", "demo")
+    assert "held-out cross-entropy" in out and (work / "demo" / "summary.json").exists()
+
+    model = next((tmp_path / "cache").glob("tiny-llama-*"))  # the demo's tiny model: no chat template
+    data = write_fixture("alpaca", tmp_path)
+    out = run(str(venv / "bin" / "trl-emo"), "sft", "--recipe", "emo_alpaca_gpt4", "--model_name_or_path", str(model),
+              "--dataset_name", data, "--output_dir", "out", "--dry_run")
+    assert "loss_type: emo" in out and "--- example 2" in out
+    assert "gem_ultrafeedback" in run(str(venv / "bin" / "trl-emo"), "recipes")
