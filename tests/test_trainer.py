@@ -354,7 +354,7 @@ def test_a_deep_copy_of_the_trained_model_runs_its_own_weights(tmp_path, make_mo
         assert torch.allclose(fused.log_probs[0, :-1], torch.full_like(fused.log_probs[0, :-1], -torch.log(torch.tensor(float(len(tokenizer))))))
         if loss_type == "gem":
             out = clone(input_ids=ids, labels=labels, trl_emo_loss=True)
-            assert torch.allclose(out.nll, torch.full_like(out.nll, float(torch.log(torch.tensor(float(len(tokenizer)))))))
+            assert torch.allclose(out.result.nll, torch.full_like(out.result.nll, float(torch.log(torch.tensor(float(len(tokenizer)))))))
 
 
 def test_evaluate_before_training_logs_the_objective_and_cross_entropy(tmp_path, make_model, tokenizer, pc_dataset):

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from .fused_head import head_parameters
+from ._trl_compat import gather_lm_head, head_parameters
 from .losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
 from .losses.fused import FusedLossOutput, HeadTransform
 
@@ -89,9 +89,7 @@ class Objective:
                 # (1 GiB for Llama-3-8B in bf16).
                 self.head_is_snapshot = True
                 return
-            from trl.trainer.utils import maybe_gather_lm_head_ctx
-
-            with maybe_gather_lm_head_ctx(weight):
+            with gather_lm_head(weight):
                 full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
                 # The snapshot keeps the head's dtype: widening to float32 later is exact.
                 self.cost = CostEmbedding(full.detach().clone(), source="a frozen snapshot of the output embedding")
@@ -146,7 +144,7 @@ class Objective:
             backend=self.backend,
         )
 
-    def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> tuple[FusedLossOutput, torch.Tensor]:
+    def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> FusedLossOutput:
         """The reference path: the objective from the model's full logits `[B, T, V]`."""
         targets, mask = select_targets(labels, shift_labels)
         aligned = logits if shift_labels is not None else logits[:, :-1]
@@ -154,11 +152,9 @@ class Objective:
         _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
         if self.reads_head:
-            from trl.trainer.utils import maybe_gather_lm_head_ctx
-
             # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a
             # gather (read only, detached, so no gradient has to reach the shards).
-            with maybe_gather_lm_head_ctx(weight):
+            with gather_lm_head(weight):
                 values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
         else:
             values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
@@ -166,5 +162,4 @@ class Objective:
         total = values.sum() if values.numel() else aligned.sum() * 0.0
         loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
         stats = token_statistics(selected, selected_targets)
-        out = FusedLossOutput(loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {})
-        return out, mask
+        return FusedLossOutput(loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {})

@@ -15,8 +15,8 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import SFTTrainer as _TRLSFTTrainer
 
+from . import _trl_compat as compat
 from .config import SFTConfig
-from .fused_head import add_objective_head
 from .generation_eos import add_end_of_turn_to_generation_config
 from .losses.registry import TRL_LOSS_TYPES
 from .objective import Objective, output_vocab_size
@@ -76,30 +76,31 @@ class SFTTrainer(_TRLSFTTrainer):
                 chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
                 backend=args.fused_backend,
             )
-            # TRL's own checks only know 'nll' and 'dft'; it builds everything else the same way.
-            loss_type, args.loss_type = args.loss_type, "nll"
-            try:
+            with compat.trl_builds_own_loss_trainer(args):
                 super().__init__(model, args, *positional, **kwargs)
-            finally:
-                args.loss_type = loss_type
             self._objective = objective
             self._check_vocabulary(self._base_model())
         else:
             super().__init__(model, args, *positional, **kwargs)
         # Patched for TRL's own losses too: the wrapper also makes `copy.deepcopy(model)` run the
         # copy's weights, which TRL's patch alone does not (its plain calls reach the original).
-        add_objective_head(self._base_model(), self._objective.fused if self._objective is not None else None)
-        add_end_of_turn_to_generation_config(self.model, self._tokenizer)
+        compat.add_objective_head(self._base_model(), self._objective.fused if self._objective is not None else None)
+        add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
 
     # -- set-up ---------------------------------------------------------------------------
     def _base_model(self):
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
+    def _text_tokenizer(self):
+        # A processor (vision-language models) holds its tokenizer; a tokenizer is its own.
+        return getattr(self.processing_class, "tokenizer", self.processing_class)
+
     def _check_vocabulary(self, model) -> None:
         vocab = output_vocab_size(model)
-        if len(self._tokenizer) > vocab:
+        tokenizer = self._text_tokenizer()
+        if len(tokenizer) > vocab:
             raise ValueError(
-                f"Vocabulary mismatch: the tokenizer has {len(self._tokenizer)} tokens but the model's output embedding "
+                f"Vocabulary mismatch: the tokenizer has {len(tokenizer)} tokens but the model's output embedding "
                 f"has {vocab} rows, so some labels could not be scored. Resize the model first: "
                 "`model.resize_token_embeddings(len(tokenizer))`."
             )
@@ -147,46 +148,34 @@ class SFTTrainer(_TRLSFTTrainer):
             # TRL's own losses: exactly TRL's behaviour, a NaN included.
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
-        inputs["use_cache"] = False
-        if self.aux_loss_enabled:
-            inputs["output_router_logits"] = True
-        logits_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+        logits_inputs = compat.loss_inputs(self, inputs)
         # Normally done when `train()` starts; here too for an `evaluate()` before any training.
         self._objective.prepare_cost(self._base_model())
         if self.args.loss_implementation == "fused":
             outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
-            aux_loss = outputs.aux_loss
+            loss, result, aux_loss = outputs.loss, outputs.result, outputs.aux_loss
         else:
             model_outputs = model(**logits_inputs)
-            outputs, mask = self._objective.from_logits(
+            result = self._objective.from_logits(
                 model_outputs.logits,
                 inputs["labels"],
                 self._base_model(),
                 num_items_in_batch=num_items_in_batch,
                 shift_labels=inputs.get("shift_labels"),
             )
-            outputs.label_mask = mask
-            aux_loss = getattr(model_outputs, "aux_loss", None)
+            loss, aux_loss = result.loss, getattr(model_outputs, "aux_loss", None)
 
-        loss = outputs.loss
         if self.args.stop_on_non_finite_loss and not torch.isfinite(loss.detach()).all():
             self._raise_non_finite(mode)
-        # Like TRL: `num_items_in_batch` counts every rank's tokens while DDP averages gradients.
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
-        if self.aux_loss_enabled and aux_loss is not None:
-            steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
-            loss = loss + self.router_aux_loss_coef * aux_loss / steps
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
-
-        self._log_token_metrics(mode, outputs, inputs)
+        loss = compat.finish_loss(self, loss, aux_loss, num_items_in_batch, mode)
+        self._log_token_metrics(mode, result, inputs)
         if return_outputs:
-            # Deprecated in TRL too: `compute_metrics` wants logits, which costs one more forward.
-            with torch.no_grad():
-                return loss, model(**logits_inputs)
+            return loss, compat.outputs_for_metrics(model, logits_inputs)
         return loss
 
     def _log_token_metrics(self, mode, outputs, inputs) -> None:
+        """The objective, cross-entropy, entropy, top-1 accuracy and the loss's own metrics, averaged over the target
+        tokens of every process; and TRL's `num_tokens`."""
         names = list(outputs.metrics or {})
         local = torch.stack(
             [
@@ -203,13 +192,5 @@ class SFTTrainer(_TRLSFTTrainer):
         count = totals[0]
         means = [value / count if count > 0 else 0.0 for value in totals[1:]]
         for key, value in zip(["objective", "cross_entropy", "entropy", "mean_token_accuracy", *names], means):
-            self._metrics[mode][key].append(value)
-
-        if mode == "train":
-            if "attention_mask" in inputs:
-                num_tokens = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
-            else:
-                local_tokens = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
-                num_tokens = self.accelerator.gather_for_metrics(local_tokens).sum().item()
-            self._total_train_tokens += num_tokens // self._tp_size
-        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+            compat.log_metric(self, mode, key, value)
+        compat.count_train_tokens(self, inputs, mode)

@@ -11,21 +11,9 @@ error naming the two ways out, raised before any model is loaded (the same in a 
 
 from __future__ import annotations
 
+# TRL's decision, mirrored in the module that holds every copy of TRL internals.
+from .._trl_compat import template_masks_assistant_turns
 from .schemas import DataError
-
-
-def template_masks_assistant_turns(tokenizer) -> bool:
-    """Whether TRL can build an assistant mask with this tokenizer's chat template (as is, or with a template TRL
-    swaps in for known ones). Mirrors the decision in TRL 1.16's `SFTTrainer.__init__`."""
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
-    if has_generation_markers(tokenizer.chat_template):
-        return True
-    try:
-        get_training_chat_template(tokenizer)
-    except ValueError:
-        return False
-    return True
 
 
 def has_one_final_answer(messages) -> bool:

@@ -1,0 +1,292 @@
+"""Every place where trl_emo copies, patches or calls a private part of TRL, in one module.
+
+TRL's internals change between releases (`loss_type` gained and deprecated `chunked_nll`; the fused head
+is recent), so each piece below names the TRL version and the source (file, function) it mirrors, and
+`tests/test_trl_compat.py` compares each one's behaviour with TRL's own: a TRL upgrade that changes one of
+them fails a named test there, not a user's run. Where TRL has a public equivalent, trl_emo uses that
+instead (the trainer's tokenizer is `processing_class`, not TRL's `_tokenizer`).
+
+Pieces (all mirror TRL 1.16.0):
+
+- `logit_transform`: how the fused head reads logit scaling and soft-capping from the model config
+  (`trl/trainer/utils.py`, `add_fused_lm_head`).
+- `gather_lm_head`, `has_generation_markers`: TRL helpers outside TRL's top-level API, re-exported so
+  that no other module imports them.
+- `add_objective_head`, `head_parameters`, `ObjectiveOutput`: the model forward that computes a trl_emo
+  loss from the hidden states, modelled on (and wrapped around) TRL's patched forward
+  (`trl/trainer/utils.py`, `add_fused_lm_head._fused_forward`).
+- `trl_builds_own_loss_trainer`: the `loss_type` swap around `SFTTrainer.__init__`, whose check accepts
+  only TRL's own losses (`trl/trainer/sft_trainer.py`, `SFTTrainer.__init__`).
+- `loss_inputs`, `finish_loss`, `log_metric`, `count_train_tokens`, `outputs_for_metrics`: the parts of
+  TRL's `compute_loss` that trl_emo's `compute_loss` repeats for its own losses
+  (`trl/trainer/sft_trainer.py`, `SFTTrainer.compute_loss`).
+- `template_masks_assistant_turns`, `prepare_sft_examples`: how `SFTTrainer.__init__` picks the training
+  chat template and the completion-only loss, and `SFTTrainer._prepare_dataset`, called without a trainer
+  for `--dry_run` (TRL 1.16 has no public function that prepares a dataset without building a trainer,
+  hence a model) (`trl/trainer/sft_trainer.py`).
+
+The list of TRL's own loss types stays `trl_emo.losses.registry.TRL_LOSS_TYPES` (the losses package imports
+nothing from TRL); `tests/test_trl_compat.py` checks it against TRL's.
+
+TRL itself is imported where a piece is used, so importing this module costs transformers' `ModelOutput` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from transformers.utils import ModelOutput
+
+TRL_VERSION = "1.16.0"  # the TRL release every piece below was copied from and is tested against
+
+
+# -- helpers outside TRL's top-level API --------------------------------------------------------------------------
+
+
+def gather_lm_head(*params):
+    """TRL's `maybe_gather_lm_head_ctx` (`trl/trainer/utils.py`): gathers the ZeRO-3 partitioned head for a direct
+    read; a null context otherwise."""
+    from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+    return maybe_gather_lm_head_ctx(*params)
+
+
+def has_generation_markers(chat_template) -> bool:
+    """TRL's `has_generation_markers` (`trl/chat_template_utils.py`)."""
+    from trl.chat_template_utils import has_generation_markers as trl_has_generation_markers
+
+    return trl_has_generation_markers(chat_template)
+
+
+# -- the fused head: logit transform and the patched forward ------------------------------------------------------
+
+
+def logit_transform(model):
+    """The logit scale and soft-cap a model applies after its head, read from the config as TRL's fused head reads
+    them (TRL 1.16 `trl/trainer/utils.py`, `add_fused_lm_head`), as a `HeadTransform`."""
+    from .losses.fused import HeadTransform
+
+    config = model.config.get_text_config()
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    if scale is None:
+        scale = getattr(config, "output_multiplier", None)
+    if scale is None:
+        scale = getattr(config, "lm_head_multiplier", None)
+    if scale is None and getattr(config, "logits_scaling", None) is not None:
+        # Granite/MiniCPM3 divide by `logits_scaling`; HyperCLOVA X multiplies by it.
+        scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
+    return HeadTransform(logit_scale=1.0 if scale is None else float(scale), softcap=softcap)
+
+
+@dataclass
+class ObjectiveOutput(ModelOutput):
+    """What `model(..., trl_emo_loss=True)` returns: the objective's `FusedLossOutput` (`result`), its `loss`, and the
+    MoE router loss.
+
+    A `ModelOutput` rather than the losses package's plain dataclass because DDP and FSDP2 find the tensors of a
+    forward's output to hook through torch's pytree, where transformers registers every `ModelOutput`: a plain
+    dataclass is one opaque leaf, and its `loss` would miss DDP's and FSDP2's backward hooks. `result.loss` is the
+    same tensor as `loss` before those hooks; read `loss`.
+    """
+
+    loss: Any = None
+    result: Any = None  # `trl_emo.losses.FusedLossOutput`, its per-position tensors over the target positions only
+    aux_loss: Any = None
+
+
+def head_parameters(model):
+    """The output embedding's weight and bias, looked up now (PEFT and FSDP replace modules after patching); under
+    FSDP2 the full tensors, as TRL's fused forward takes them (TRL 1.16 `add_fused_lm_head._fused_forward`)."""
+    from torch.distributed.tensor import DTensor
+
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, head.bias
+    # Gradients flow back to the shards through `full_tensor`.
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor()
+        if bias is not None:
+            bias = bias.full_tensor()
+    return weight, bias
+
+
+def add_objective_head(model, objective) -> None:
+    """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
+    `trl_emo_loss=True`.
+
+    Mirrors TRL 1.16's `_fused_forward` (`trl/trainer/utils.py`, `add_fused_lm_head`): the backbone through
+    `base_model`, no KV cache, router logits when the config asks for them, the label shift (none for
+    `shift_labels`), the hidden states moved to the head's device, the head read at call time (FSDP2 full tensors,
+    ZeRO-3 gathered), and Mixtral's load-balancing loss for MoE models. Where TRL projects the valid positions
+    through the head into log-probabilities, this calls `objective(hidden [N, H], weight, bias, targets [N],
+    num_items_in_batch, transform)`, which returns a `FusedLossOutput`. Without the flag the call is TRL's. Call it on
+    the base model (`get_base_model()` under PEFT), like TRL does.
+    """
+    from .losses import select_targets
+
+    # Everything below is looked up on `self` at call time, never through a closure over this instance:
+    # `copy.deepcopy(model)` rebinds the method to the copy, which must then run its own weights. (TRL's patch calls
+    # the original instance's forward for plain calls, so plain calls go to the class's forward here, and only
+    # `fused_lm_head=True` calls to TRL's function.)
+    previous = model.forward
+    trl_fused_forward = getattr(previous, "__func__", None)
+    transform = logit_transform(model)
+
+    @functools.wraps(type(model).forward)
+    def forward(self, *args, trl_emo_loss=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        if not trl_emo_loss:
+            passthrough = {"labels": labels, "shift_labels": shift_labels, "num_items_in_batch": num_items_in_batch}
+            passthrough = {k: v for k, v in passthrough.items() if v is not None}
+            if kwargs.get("fused_lm_head"):
+                fused = previous if trl_fused_forward is None else functools.partial(trl_fused_forward, self)
+                return fused(*args, **passthrough, **kwargs)
+            kwargs.pop("fused_lm_head", None)
+            return type(self).forward(self, *args, **passthrough, **kwargs)
+        if objective is None:
+            raise ValueError("This model was patched without a trl_emo objective (loss_type is TRL's own).")
+        text_config = self.config.get_text_config()
+        kwargs["use_cache"] = False
+        if getattr(text_config, "output_router_logits", False):
+            kwargs.setdefault("output_router_logits", True)
+        backbone_outputs = self.base_model(*args, **kwargs)
+        hidden = backbone_outputs.last_hidden_state
+        if shift_labels is None:
+            hidden = hidden[:, :-1]
+        targets, mask = select_targets(labels, shift_labels)
+        weight, bias = head_parameters(self)
+        # With `device_map`, the backbone can end on another device than the head.
+        hidden = hidden.to(weight.device)
+        targets, mask = targets.to(weight.device), mask.to(weight.device)
+        with gather_lm_head(weight, bias):
+            # Masked positions are dropped before any product with the head.
+            result = objective(hidden[mask], weight, bias, targets[mask], num_items_in_batch, transform)
+        aux_loss = None
+        if kwargs.get("output_router_logits"):
+            from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+            num_experts = getattr(text_config, "num_experts", None) or getattr(text_config, "num_local_experts", None)
+            aux_loss = load_balancing_loss_func(
+                backbone_outputs.router_logits,
+                num_experts,
+                text_config.num_experts_per_tok,
+                kwargs.get("attention_mask"),
+            )
+        return ObjectiveOutput(loss=result.loss, result=result, aux_loss=aux_loss)
+
+    model.forward = types.MethodType(forward, model)
+
+
+# -- SFTTrainer.__init__ and compute_loss --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def trl_builds_own_loss_trainer(args):
+    """Run TRL's `SFTTrainer.__init__` for a trl_emo loss: TRL 1.16 (`trl/trainer/sft_trainer.py`,
+    `SFTTrainer.__init__`) refuses any `loss_type` but its own and builds everything else the same way, so
+    `loss_type` reads "nll" while it runs and gets its value back afterwards."""
+    loss_type, args.loss_type = args.loss_type, "nll"
+    try:
+        yield
+    finally:
+        args.loss_type = loss_type
+
+
+def loss_inputs(trainer, inputs: dict) -> dict:
+    """Set up `inputs` as TRL 1.16's `SFTTrainer.compute_loss` does (no KV cache, router logits for MoE models) and
+    return the inputs of a forward that builds the logits (without the labels)."""
+    inputs["use_cache"] = False
+    if trainer.aux_loss_enabled:
+        inputs["output_router_logits"] = True
+    return {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+
+
+def finish_loss(trainer, loss, aux_loss, num_items_in_batch, mode: str):
+    """The last steps of TRL 1.16's `SFTTrainer.compute_loss` on a computed loss: scaled by the number of processes
+    when `num_items_in_batch` counts every rank's tokens (DDP averages gradients), plus the MoE router loss averaged
+    over the accumulation steps, logged as `aux_loss`."""
+    if trainer.args.average_tokens_across_devices and num_items_in_batch is not None:
+        loss = loss * (trainer.accelerator.num_processes // trainer.get_tp_size())
+    if trainer.aux_loss_enabled and aux_loss is not None:
+        steps = trainer.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+        loss = loss + trainer.router_aux_loss_coef * aux_loss / steps
+        log_metric(trainer, mode, "aux_loss", trainer.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
+    return loss
+
+
+def log_metric(trainer, mode: str, name: str, value: float) -> None:
+    """Add one value to TRL's per-step metrics (`SFTTrainer._metrics`, averaged and cleared by `SFTTrainer.log`)."""
+    trainer._metrics[mode][name].append(value)
+
+
+def count_train_tokens(trainer, inputs: dict, mode: str) -> None:
+    """TRL 1.16's `num_tokens` metric (`SFTTrainer.compute_loss`): tokens seen in training, from the attention mask,
+    or from `position_ids` in padding-free batches."""
+    if mode == "train":
+        if "attention_mask" in inputs:
+            num_tokens = trainer.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
+        else:
+            import torch
+
+            local_tokens = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
+            num_tokens = trainer.accelerator.gather_for_metrics(local_tokens).sum().item()
+        trainer._total_train_tokens += num_tokens // trainer._tp_size
+    trainer._metrics[mode]["num_tokens"] = [trainer._total_train_tokens]
+
+
+def outputs_for_metrics(model, logits_inputs: dict):
+    """`compute_loss(return_outputs=True)`: one more forward for the logits `compute_metrics` wants (deprecated in
+    TRL 1.16 too; its fused head builds no logits either)."""
+    import torch
+
+    with torch.no_grad():
+        return model(**logits_inputs)
+
+
+# -- SFT data preparation (--dry_run) ------------------------------------------------------------------------------
+
+
+def template_masks_assistant_turns(tokenizer) -> bool:
+    """Whether TRL can build an assistant mask with this tokenizer's chat template, as is or with the training
+    template TRL swaps in for the model families it knows (TRL 1.16 `SFTTrainer.__init__`)."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    if has_generation_markers(tokenizer.chat_template):
+        return True
+    try:
+        get_training_chat_template(tokenizer)
+    except ValueError:
+        return False
+    return True
+
+
+def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
+    """Tokenize and label the first `n` rows of `dataset` exactly as TRL's `SFTTrainer` does, without building the
+    trainer or loading the model.
+
+    Repeats `SFTTrainer.__init__`'s choice of the training chat template (`assistant_only_loss` with a template
+    without `{% generation %}` markers) and of the completion-only loss (on for prompt/completion rows unless set),
+    then calls `SFTTrainer._prepare_dataset` with a stand-in for the trainer holding the three attributes it reads
+    (TRL 1.16 `trl/trainer/sft_trainer.py`). Rows are prepared unpacked, one example each.
+    """
+    from trl import SFTTrainer as TRLSFTTrainer
+    from trl.chat_template_utils import get_training_chat_template
+    from trl.data_utils import is_conversational
+
+    rows = dataset.select(range(min(n, len(dataset))))
+    sample = rows[0]
+    chat_template = None
+    if training_args.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        chat_template = get_training_chat_template(tokenizer)
+    completion_only = training_args.completion_only_loss
+    if completion_only is None:
+        completion_only = "prompt" in sample and "completion" in sample
+    if training_args.assistant_only_loss and not is_conversational(sample):
+        from .cli_utils import ConfigError
+
+        raise ConfigError("assistant_only_loss=True needs conversational data, but the formatted dataset is not.")
+    stand_in = types.SimpleNamespace(_tokenizer=tokenizer, completion_only_loss=completion_only, chat_template=chat_template)
+    return TRLSFTTrainer._prepare_dataset(stand_in, rows, tokenizer, training_args, False, None, "dry-run")
