@@ -118,3 +118,50 @@ def test_data_arguments_parse_with_trl_parser(tmp_path):
     bad.write_text("dataset_schema: nope\n")
     with pytest.raises(ValueError, match="Invalid dataset_schema 'nope'"):
         TrlParser([ScriptArguments, DataArguments]).parse_args_and_config(args=["--config", str(bad)])
+
+
+def test_an_instruction_schema_is_one_declaration(tmp_path):
+    """A new instruction-style dataset (Dolly's columns) needs its `Schema` entry and nothing else: detection,
+    validation, both prompt formats and the dry run's formatting follow from the declaration."""
+    import json
+    from types import SimpleNamespace
+
+    from trl_emo.data import Column, Schema, load_sft_datasets, register_schema, unregister_schema
+    from trl_emo.data.schemas import INSTRUCTION
+    from trl_emo.tiny import train_tokenizer
+
+    dolly = Schema(
+        name="dolly",
+        description="databricks-dolly-15k: instruction, optional context, response",
+        kind=INSTRUCTION,
+        fields={"input": "context", "output": "response"},
+        columns=(Column("instruction"), Column("context", required=False), Column("response"), Column("category")),
+        hub_id="databricks/databricks-dolly-15k",
+        hub_columns=("instruction", "context", "response", "category"),
+    )
+    register_schema(dolly)
+    try:
+        rows = [{"instruction": "Name a colour.", "context": "", "response": "Red.", "category": "open_qa"},
+                {"instruction": "Summarize.", "context": "Cats sleep a lot.", "response": "Cats nap.", "category": "summ"}]
+        path = tmp_path / "dolly.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        assert detect_schema(features_of(rows)) == "dolly"  # `auto` finds it from its declared columns
+        DataArguments(dataset_schema="dolly")
+        script = SimpleNamespace(dataset_name=str(path), dataset_config=None, dataset_train_split="train",
+                                 dataset_test_split=None)
+        for prompt_format, tokenizer in (("alpaca", None), ("chat_template", train_tokenizer(["a b c"] * 4, vocab_size=270))):
+            train, _, info = load_sft_datasets(script, DataArguments(prompt_format=prompt_format), tokenizer)
+            assert info.schema == "dolly"
+            if prompt_format == "alpaca":
+                assert train[1]["prompt"].endswith("### Instruction:\nSummarize.\n\n### Input:\nCats sleep a lot.\n\n### Response:\n")
+                assert train[1]["completion"] == "Cats nap."
+            else:
+                assert train[1]["prompt"] == [{"role": "user", "content": "Summarize.\n\nCats sleep a lot."}]
+                assert train[0]["completion"] == [{"role": "assistant", "content": "Red."}]
+        with pytest.raises(DataError, match="Missing column 'response' for dataset schema 'dolly'"):
+            validate_columns(features_of([{"instruction": "x", "category": "y"}]), "dolly")
+    finally:
+        unregister_schema("dolly")
+    with pytest.raises(ValueError, match="not a declared column"):
+        register_schema(Schema(name="broken", description="", kind=INSTRUCTION, columns=(Column("q"),),
+                               fields={"instruction": "q", "output": "a"}))

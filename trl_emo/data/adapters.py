@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .prompts import alpaca_completion, alpaca_prompt, conversation_to_alpaca, split_conversation
-from .schemas import DataError, get_schema
+from .prompts import (
+    PROMPT_FORMATS,  # noqa: F401 - re-exported: the prompt formats the adapters take
+    alpaca_completion,
+    alpaca_prompt,
+    conversation_to_alpaca,
+    split_conversation,
+    user_content,
+)
+from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, TEXT, DataError, Schema, get_schema
 
-PROMPT_FORMATS = ("auto", "chat_template", "alpaca")
 OUTPUT_FORMATS = ("prompt_completion", "conversational_prompt_completion", "messages", "text")
-# Schemas whose rows are one instruction and one response.
-INSTRUCTION_SCHEMAS = ("alpaca", "evol_instruct", "metamath", "magicoder")
-CONVERSATION_SCHEMAS = ("ultrafeedback", "messages")
 
 
 def _field(row: dict, column: str, schema: str, container: str | None = None):
@@ -33,23 +36,28 @@ def _field(row: dict, column: str, schema: str, container: str | None = None):
     return source[column]
 
 
+def read_field(row: dict, schema: Schema, name: str):
+    """The value of the kind's field `name` in `row`, through the schema's field map; a missing optional column or
+    struct field (or a field the schema has no column for) reads as None."""
+    path = schema.column_of(name)
+    if path is None:
+        return None
+    column, _, inner = path.partition(".")
+    if not schema.is_required(path):
+        source = row.get(column) if inner else row
+        return source.get(inner or column) if isinstance(source, Mapping) else None
+    if inner:
+        _field(row, column, schema.name)
+        return _field(row, inner, schema.name, column)
+    return _field(row, column, schema.name)
+
+
 def instruction_fields(row: dict, schema: str) -> tuple[str, str, str]:
     """(instruction, input, output) of a row of an instruction-style schema; a missing/None input is ""."""
-    if schema == "alpaca":
-        values = (_field(row, "instruction", schema), row.get("input"), _field(row, "output", schema))
-    elif schema == "evol_instruct":
-        data = _field(row, "data", schema)
-        values = (
-            _field(row, "instruction", schema, "data"),
-            (data or {}).get("input"),
-            _field(row, "output", schema, "data"),
-        )
-    elif schema == "metamath":
-        values = (_field(row, "query", schema), "", _field(row, "response", schema))
-    elif schema == "magicoder":
-        values = (_field(row, "problem", schema), "", _field(row, "solution", schema))
-    else:
-        raise DataError(f"Schema {schema!r} is not an instruction schema ({', '.join(INSTRUCTION_SCHEMAS)}).")
+    declared = get_schema(schema)
+    if declared.kind != INSTRUCTION:
+        raise DataError(f"Schema {schema!r} is not an instruction schema (its rows are {declared.kind!r}).")
+    values = (read_field(row, declared, name) for name in ("instruction", "input", "output"))
     return tuple("" if value is None else str(value) for value in values)
 
 
@@ -67,11 +75,6 @@ def with_system(messages: list[dict], system_prompt: str | None) -> list[dict]:
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def user_content(instruction: str, input: str = "") -> str:  # noqa: A002
-    """The user turn of an instruction row: the instruction, then the input after a blank line when there is one."""
-    return f"{instruction}\n\n{input}" if input and input.strip() else instruction
-
-
 def _check_prompt_format(prompt_format: str) -> None:
     if prompt_format not in ("chat_template", "alpaca"):
         raise DataError(
@@ -85,18 +88,20 @@ def format_example(row: dict, schema: str, prompt_format: str, system_prompt: st
 
     `prompt_format` is "chat_template" (conversational output, TRL applies the tokenizer's template) or "alpaca"
     (string prompt/completion with the Alpaca prompt; `system_prompt` is not used there, the Alpaca preamble plays
-    its part). The generic schemas `prompt_completion` and `text` pass through unchanged.
+    its part). The schema's declaration (`trl_emo.data.schemas`) says which adapter applies (its `kind`) and where each
+    field is (its `fields`); prompt/completion and text rows pass through unchanged.
     """
-    if schema in INSTRUCTION_SCHEMAS:
+    declared = get_schema(schema)
+    if declared.kind == INSTRUCTION:
         _check_prompt_format(prompt_format)
         instruction, input_, output = instruction_fields(row, schema)
         if prompt_format == "chat_template":
             prompt = with_system([{"role": "user", "content": user_content(instruction, input_)}], system_prompt)
             return {"prompt": prompt, "completion": [{"role": "assistant", "content": output}]}
         return {"prompt": alpaca_prompt(instruction, input_), "completion": alpaca_completion(output)}
-    if schema in CONVERSATION_SCHEMAS:
+    if declared.kind == CONVERSATION:
         _check_prompt_format(prompt_format)
-        messages = clean_messages(_field(row, "messages", schema))
+        messages = clean_messages(read_field(row, declared, "messages"))
         if prompt_format == "chat_template":
             return {"messages": with_system(messages, system_prompt)}
         try:
@@ -104,17 +109,15 @@ def format_example(row: dict, schema: str, prompt_format: str, system_prompt: st
         except ValueError as exc:
             raise DataError(f"Cannot render a {schema!r} row with the Alpaca prompt: {exc}") from None
         return {"prompt": alpaca_prompt(instruction, input_), "completion": alpaca_completion(output)}
-    if schema == "prompt_completion":
-        prompt, completion = _field(row, "prompt", schema), _field(row, "completion", schema)
+    if declared.kind == PROMPT_COMPLETION:
+        prompt, completion = read_field(row, declared, "prompt"), read_field(row, declared, "completion")
         if isinstance(prompt, list):
             prompt = with_system(clean_messages(prompt), system_prompt)
             completion = clean_messages(completion)
         return {"prompt": prompt, "completion": completion}
-    if schema == "text":
-        return {"text": _field(row, "text", schema)}
-    if get_schema(schema).preference:
-        raise DataError(f"Schema {schema!r} holds preference pairs: use `format_preference_example` (DPO).")
-    raise DataError(f"No SFT adapter for schema {schema!r}.")
+    if declared.kind == TEXT:
+        return {"text": read_field(row, declared, "text")}
+    raise DataError(f"Schema {schema!r} holds preference pairs: use `format_preference_example` (DPO).")
 
 
 def output_format(example: dict) -> str:

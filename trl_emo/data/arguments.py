@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .adapters import PROMPT_FORMATS
-from .schemas import SCHEMA_NAMES
+from .prompts import PROMPT_FORMATS, check_prompt_format
+from .schemas import SCHEMA_NAMES, schema_names
 
 
 @dataclass
@@ -35,17 +35,15 @@ class DataArguments:
 
     dataset_schema: str = field(
         default="auto",
-        metadata={
-            "help": "Schema of the source data, or 'auto' to detect it from the column names.",
-            "choices": list(SCHEMA_NAMES),
-        },
+        # No argparse `choices`: `__post_init__` checks the value (recipe or flag) against every registered schema.
+        metadata={"help": f"Schema of the source data ({', '.join(SCHEMA_NAMES[1:])}, or a registered one), or 'auto' "
+                  "to detect it from the column names."},
     )
     prompt_format: str = field(
         default="auto",
         metadata={
             "help": "'chat_template', 'alpaca' (the Alpaca prompt for base models), or 'auto': the chat template when "
-            "the tokenizer has one, else Alpaca.",
-            "choices": list(PROMPT_FORMATS),
+            f"the tokenizer has one, else Alpaca (one of {', '.join(PROMPT_FORMATS)})."
         },
     )
     system_prompt: str | None = field(
@@ -60,15 +58,11 @@ class DataArguments:
     )
 
     def __post_init__(self):
-        # Values from a YAML recipe do not go through argparse's `choices`, so check them here too.
-        if self.dataset_schema not in SCHEMA_NAMES:
+        if self.dataset_schema not in schema_names():
             raise ValueError(
-                f"Invalid dataset_schema {self.dataset_schema!r}; valid values: {', '.join(SCHEMA_NAMES)}."
+                f"Invalid dataset_schema {self.dataset_schema!r}; valid values: {', '.join(schema_names())}."
             )
-        if self.prompt_format not in PROMPT_FORMATS:
-            raise ValueError(
-                f"Invalid prompt_format {self.prompt_format!r}; valid values: {', '.join(PROMPT_FORMATS)}."
-            )
+        self.prompt_format = check_prompt_format(self.prompt_format)
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -16,13 +16,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..sources import locate, looks_like_path  # noqa: F401 - `looks_like_path`: the one path-or-Hub rule
 from .schemas import SCHEMAS, DataError, DataPathError
 
 # Extension -> `datasets` packaged builder.
 SUPPORTED_EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-# Extensions that mark a name as a file path even when the file is missing (so the error is "not found", not a
-# failed Hub download).
-_PATH_LIKE_EXTENSIONS = {*SUPPORTED_EXTENSIONS, ".txt", ".tsv", ".gz", ".zip", ".xz", ".zst", ".pkl"}
 _SHARD = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}$")
 
 
@@ -38,13 +36,6 @@ class DataSource:
     @property
     def is_local(self) -> bool:
         return self.kind != "hub"
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether `name` is meant as a local path rather than a Hub id ("owner/name")."""
-    if name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1:
-        return True
-    return Path(name).suffix.lower() in _PATH_LIKE_EXTENSIONS
 
 
 def _split_files(folder: Path) -> dict[str, list[str]]:
@@ -72,10 +63,16 @@ def _split_files(folder: Path) -> dict[str, list[str]]:
 
 
 def resolve_source(name: str | None) -> DataSource:
-    """Decide whether `name` is a local file, a local folder or a Hub id, and check that a local path exists."""
+    """Decide whether `name` is a local file, a local folder or a Hub id (`trl_emo.sources.locate`), and check that a
+    local path exists."""
     if not name:
         raise DataError("No dataset given: set `dataset_name` to a Hub id or a local file/folder.")
-    path = Path(os.path.expanduser(name))
+    kind, location = locate(name)
+    if kind == "missing":
+        raise DataPathError(f"Dataset path not found: {name}")
+    if kind == "hub":
+        return DataSource("hub", name)
+    path = Path(location)
     if path.is_file():
         if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
             raise DataError(
@@ -94,9 +91,7 @@ def resolve_source(name: str | None) -> DataSource:
                 "or a folder written by `save_to_disk`."
             )
         return DataSource("folder", str(path), splits)
-    if looks_like_path(name):
-        raise DataPathError(f"Dataset path not found: {name}")
-    return DataSource("hub", name)
+    raise DataError(f"Dataset path {name} is neither a file nor a folder.")
 
 
 def available_splits(source: DataSource) -> list[str] | None:

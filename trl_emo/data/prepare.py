@@ -5,15 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .adapters import (
-    CONVERSATION_SCHEMAS,
-    INSTRUCTION_SCHEMAS,
-    format_example,
-    format_preference_example,
-    output_format,
-)
+from .adapters import format_example, format_preference_example, output_format, read_field
 from .loading import DataSource, load_split, resolve_source
-from .schemas import DataError, detect_schema, get_schema, validate_columns
+from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, DataError, detect_schema, get_schema, validate_columns
 
 logger = logging.getLogger(__name__)
 
@@ -139,9 +133,10 @@ def load_sft_datasets(script_args, data_args, tokenizer):
         validate_columns(evaluation.features, schema)
 
     prompt_format = None
-    if schema in INSTRUCTION_SCHEMAS or schema in CONVERSATION_SCHEMAS:
+    declared = get_schema(schema)
+    if declared.kind in (INSTRUCTION, CONVERSATION):
         prompt_format = resolve_prompt_format(data_args.prompt_format, tokenizer)
-    elif schema == "prompt_completion" and isinstance(train[0]["prompt"], list):
+    elif declared.kind == PROMPT_COMPLETION and isinstance(read_field(train[0], declared, "prompt"), list):
         # Conversational pass-through data can only be tokenized with a chat template.
         prompt_format = resolve_prompt_format("chat_template", tokenizer)
     if data_args.system_prompt and prompt_format == "alpaca":

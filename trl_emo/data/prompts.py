@@ -1,4 +1,5 @@
-"""The Alpaca prompt (exact wording of the EMO paper / Stanford Alpaca) and how a conversation is rendered into it.
+"""The prompt formats (`PROMPT_FORMATS`, shared by training and evaluation), the Alpaca prompt (exact wording of the
+EMO paper / Stanford Alpaca) and how a conversation is rendered into it.
 
 Whitespace rule: the prompt ends with "### Response:\\n" and the completion is the bare response. At inference, the
 same `alpaca_prompt(...)` string is given to the model, which then writes the response directly; the text seen in
@@ -9,6 +10,15 @@ merge ":\\n" into one token), so TRL's completion mask falls exactly on the resp
 """
 
 from __future__ import annotations
+
+import warnings
+
+# How instructions are presented to the model, in training (`DataArguments.prompt_format`) and evaluation
+# (`EvalConfig.prompt_format`): the tokenizer's chat template, the Alpaca prompt, or the first when the tokenizer has
+# one (`resolve_prompt_format`).
+PROMPT_FORMATS = ("auto", "chat_template", "alpaca")
+# Older evaluation recipes spell the chat template "chat".
+DEPRECATED_PROMPT_FORMATS = {"chat": "chat_template"}
 
 ALPACA_PREAMBLE_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -21,6 +31,24 @@ ALPACA_PROMPT_WITH_INPUT = (
     ALPACA_PREAMBLE_WITH_INPUT + "\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 )
 ALPACA_PROMPT_NO_INPUT = ALPACA_PREAMBLE_NO_INPUT + "\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+
+
+def check_prompt_format(value: str) -> str:
+    """`value` if it is one of `PROMPT_FORMATS`; the new name of a deprecated one, with a warning; else a
+    `ValueError` listing the valid values."""
+    if value in DEPRECATED_PROMPT_FORMATS:
+        new = DEPRECATED_PROMPT_FORMATS[value]
+        warnings.warn(
+            f"prompt_format {value!r} is deprecated: it is now called {new!r} in training and evaluation alike; "
+            f"write prompt_format: {new}.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return new
+    if value not in PROMPT_FORMATS:
+        raise ValueError(f"Invalid prompt_format {value!r}; valid values: {', '.join(PROMPT_FORMATS)}.")
+    return value
+
 
 # Role names used when earlier turns of a conversation are rendered as the Alpaca `input`.
 _ROLE_LABELS = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -63,18 +91,27 @@ def split_conversation(messages: list[dict]) -> tuple[list[dict], dict]:
     raise ValueError(f"The conversation has no assistant turn to train on (roles: {roles}).")
 
 
+def user_content(instruction: str, input: str = "") -> str:  # noqa: A002
+    """The user turn of an instruction row: the instruction, then the input after a blank line when there is one."""
+    return f"{instruction}\n\n{input}" if input and input.strip() else instruction
+
+
+def instruction_and_input(turns: list[dict]) -> tuple[str, str]:
+    """A conversation's turns before the answer as an Alpaca (instruction, input): the last user turn is the
+    instruction; any other turns (system prompt, previous exchanges) are the input, rendered as "Role: content"
+    paragraphs in order, since the Alpaca input is "an input that provides further context"."""
+    for index in range(len(turns) - 1, -1, -1):
+        if turns[index].get("role") == "user":
+            return turns[index]["content"], render_turns(turns[:index] + turns[index + 1 :])
+    raise ValueError("The conversation has no user turn before its last assistant turn; it cannot be an instruction.")
+
+
 def conversation_to_alpaca(messages: list[dict]) -> tuple[str, str, str]:
     """Map a conversation to Alpaca (instruction, input, output) for models without a chat template.
 
-    Rule: the last assistant turn is the output; the last user turn before it is the instruction; any other earlier
-    turns (system prompt, previous exchanges) become the input, rendered as "Role: content" paragraphs in order, since
-    the Alpaca input is "an input that provides further context". A single-turn conversation therefore gives the plain
-    Alpaca prompt without input.
+    Rule: the last assistant turn is the output, the turns before it give the instruction and the input
+    (`instruction_and_input`). A single-turn conversation therefore gives the plain Alpaca prompt without input.
     """
     context, answer = split_conversation(messages)
-    for index in range(len(context) - 1, -1, -1):
-        if context[index].get("role") == "user":
-            instruction = context[index]["content"]
-            earlier = context[:index] + context[index + 1 :]
-            return instruction, render_turns(earlier), answer["content"]
-    raise ValueError("The conversation has no user turn before its last assistant turn; it cannot be an instruction.")
+    instruction, input_ = instruction_and_input(context)
+    return instruction, input_, answer["content"]

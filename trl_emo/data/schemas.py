@@ -1,8 +1,11 @@
-"""The dataset schemas the adapters understand: one entry per schema, plus detection and validation.
+"""The dataset schemas the adapters understand: each one a single declaration, from which detection, validation and
+the row adapters derive.
 
-Each entry records the Hub id, the default splits, the columns the adapter reads (with their types) and a one-line
-description that error messages quote, so that a user who points a recipe at the wrong file learns which columns were
-expected and which were found.
+A declaration gives the columns (names, types, which are required), the `kind` of row (which adapter converts it)
+and the `fields` map from the kind's fields to the columns (`"data.instruction"` reads a struct's field), plus the Hub
+id, default splits and a one-line description that error messages quote, so that a user who points a recipe at the
+wrong file learns which columns were expected and which were found. Adding an instruction-style dataset is one
+`Schema(...)` entry in `SCHEMAS` (or `register_schema(...)` from user code) and a fixture in `tests/data_fixtures.py`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,22 @@ STRING = "string"
 MESSAGES = "messages"
 STRUCT = "struct"
 ANY = "any"
+
+# Kinds of row, and the fields an adapter reads from each (`Schema.fields` maps them to columns).
+INSTRUCTION = "instruction"  # one instruction (optional input) and one response -> prompt/completion
+CONVERSATION = "conversation"  # a list of turns -> messages (chat template) or Alpaca prompt/completion
+PROMPT_COMPLETION = "prompt_completion"  # TRL prompt/completion rows, passed through
+TEXT = "text"  # plain language-modeling text, passed through
+PREFERENCE = "preference"  # chosen/rejected pairs, for DPO only
+KIND_FIELDS: dict[str, tuple[str, ...]] = {
+    INSTRUCTION: ("instruction", "input", "output"),
+    CONVERSATION: ("messages",),
+    PROMPT_COMPLETION: ("prompt", "completion"),
+    TEXT: ("text",),
+    PREFERENCE: ("prompt", "chosen", "rejected"),
+}
+# Fields an adapter can do without (an instruction without input; a preference pair whose prompt is in its turns).
+OPTIONAL_FIELDS = {(INSTRUCTION, "input"), (PREFERENCE, "prompt")}
 
 
 class DataError(ValueError):
@@ -45,23 +64,60 @@ class Column:
 
 @dataclass(frozen=True)
 class Schema:
+    """One dataset schema.
+
+    Attributes:
+        name: the `dataset_schema` value.
+        description: one line, quoted by error messages.
+        columns: the columns the adapter reads, with their types (`validate_columns` checks them).
+        kind: `INSTRUCTION`, `CONVERSATION`, `PROMPT_COMPLETION`, `TEXT` or `PREFERENCE`: which adapter converts a row.
+        fields: the kind's fields (`KIND_FIELDS`) -> the column holding each (`"column"` or `"struct.field"`); a field
+            left out is read from the column of its own name when there is one (an optional field may have none).
+        markers: for detection, columns of which at least one must also be present (UltraFeedback's `messages` are
+            told from generic conversations by its `chosen`/`prompt_id` columns).
+        hub_id, train_split, test_split, other_splits: where the data lives on the Hub and its splits (`other_splits`:
+            those not for SFT, e.g. UltraFeedback's preference splits).
+        hub_columns: every column of the Hub dataset, read or not (documentation and test fixtures).
+        preference: the data also holds preference pairs (chosen/rejected) for DPO.
+    """
+
     name: str
     description: str
     columns: tuple[Column, ...]
+    kind: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+    markers: tuple[str, ...] = ()
     hub_id: str | None = None
     train_split: str = "train"
     test_split: str | None = None
-    # Other splits of the Hub dataset that are not for SFT (e.g. UltraFeedback's preference splits).
     other_splits: tuple[str, ...] = ()
-    # All columns of the Hub dataset, including the ones the adapter ignores (for the documentation and fixtures).
     hub_columns: tuple[str, ...] = ()
-    # Whether the schema holds preference pairs (DPO) rather than SFT examples.
     preference: bool = False
-    sft: bool = True
+
+    @property
+    def sft(self) -> bool:
+        """Whether the rows are SFT examples (every kind but `PREFERENCE`)."""
+        return self.kind != PREFERENCE
 
     @property
     def required_columns(self) -> list[str]:
         return [column.name for column in self.columns if column.required]
+
+    def column_of(self, name: str) -> str | None:
+        """The column (or `struct.field`) holding the kind's field `name`, or None when the schema has none."""
+        if name in self.fields:
+            return self.fields[name]
+        return name if any(column.name == name for column in self.columns) else None
+
+    def is_required(self, path: str) -> bool:
+        """Whether the column or struct field `path` must be present in every row."""
+        top, _, inner = path.partition(".")
+        for column in self.columns:
+            if column.name == top:
+                if not inner:
+                    return column.required
+                return column.required and dict(column.fields).get(inner, False)
+        return False
 
     def expected(self) -> str:
         """The columns this schema expects, for error messages."""
@@ -71,94 +127,147 @@ class Schema:
         source = f" [{self.hub_id}]" if self.hub_id else ""
         return f"'{self.name}'{source}: {self.description}; columns: {self.expected()}"
 
+    def check(self) -> None:
+        """Raise `ValueError` when the declaration is inconsistent (unknown kind, a field on an undeclared column...)."""
+        if self.kind not in KIND_FIELDS:
+            raise ValueError(f"Schema {self.name!r}: unknown kind {self.kind!r}; valid kinds: {', '.join(KIND_FIELDS)}.")
+        unknown = sorted(set(self.fields) - set(KIND_FIELDS[self.kind]))
+        if unknown:
+            raise ValueError(
+                f"Schema {self.name!r}: {', '.join(unknown)} not fields of kind {self.kind!r} "
+                f"({', '.join(KIND_FIELDS[self.kind])})."
+            )
+        declared = {column.name: column for column in self.columns}
+        for name in KIND_FIELDS[self.kind]:
+            path = self.column_of(name)
+            if path is None:
+                if (self.kind, name) not in OPTIONAL_FIELDS:
+                    raise ValueError(f"Schema {self.name!r}: no column for the {self.kind} field {name!r}.")
+                continue
+            top, _, inner = path.partition(".")
+            if top not in declared or (inner and inner not in dict(declared[top].fields)):
+                raise ValueError(f"Schema {self.name!r}: field {name!r} reads {path!r}, which is not a declared column.")
+
 
 _INSTRUCTION_FIELDS = (("instruction", True), ("input", False), ("output", True))
 
-SCHEMAS: dict[str, Schema] = {
-    schema.name: schema
-    for schema in [
-        Schema(
-            name="alpaca",
-            description="Alpaca-GPT4 instruction data (instruction, optional input, output)",
-            hub_id="vicgalle/alpaca-gpt4",
-            columns=(Column("instruction"), Column("input", required=False), Column("output")),
-            hub_columns=("instruction", "input", "output", "text"),
+BUILTIN_SCHEMAS: tuple[Schema, ...] = (
+    Schema(
+        name="alpaca",
+        description="Alpaca-GPT4 instruction data (instruction, optional input, output)",
+        kind=INSTRUCTION,
+        hub_id="vicgalle/alpaca-gpt4",
+        columns=(Column("instruction"), Column("input", required=False), Column("output")),
+        hub_columns=("instruction", "input", "output", "text"),
+    ),
+    Schema(
+        name="evol_instruct",
+        description="Recycled Evol-Instruct: one struct column `data` holding {instruction, input, output}",
+        kind=INSTRUCTION,
+        fields={"instruction": "data.instruction", "input": "data.input", "output": "data.output"},
+        hub_id="umd-zhou-lab/recycled_wiz70_v1",
+        columns=(Column("data", kind=STRUCT, fields=_INSTRUCTION_FIELDS),),
+        hub_columns=("data",),
+    ),
+    Schema(
+        name="ultrafeedback",
+        description="UltraFeedback binarized: SFT on the chosen conversation `messages`, DPO on chosen/rejected",
+        kind=CONVERSATION,
+        markers=("chosen", "prompt_id"),
+        hub_id="HuggingFaceH4/ultrafeedback_binarized",
+        columns=(Column("messages", kind=MESSAGES),),
+        train_split="train_sft",
+        test_split="test_sft",
+        other_splits=("train_prefs", "test_prefs", "train_gen", "test_gen"),
+        hub_columns=("prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen", "score_rejected"),
+        preference=True,
+    ),
+    Schema(
+        name="metamath",
+        description="MetaMathQA: `query` is the prompt, `response` the completion (ends with 'The answer is: X')",
+        kind=INSTRUCTION,
+        fields={"instruction": "query", "output": "response"},
+        hub_id="meta-math/MetaMathQA",
+        columns=(Column("query"), Column("response")),
+        hub_columns=("query", "response", "type", "original_question"),
+    ),
+    Schema(
+        name="magicoder",
+        description="Magicoder-OSS-Instruct: `problem` is the prompt, `solution` the completion",
+        kind=INSTRUCTION,
+        fields={"instruction": "problem", "output": "solution"},
+        hub_id="ise-uiuc/Magicoder-OSS-Instruct-75K",
+        columns=(Column("problem"), Column("solution")),
+        hub_columns=("problem", "solution", "lang", "seed", "index", "raw_index", "openai_fingerprint"),
+    ),
+    Schema(
+        name="prompt_completion",
+        description="TRL prompt/completion data (strings or conversations), passed through",
+        kind=PROMPT_COMPLETION,
+        columns=(Column("prompt", kind=ANY), Column("completion", kind=ANY)),
+        hub_columns=("prompt", "completion"),
+    ),
+    Schema(
+        name="messages",
+        description="TRL conversational data: `messages`, a list of {role, content} turns",
+        kind=CONVERSATION,
+        columns=(Column("messages", kind=MESSAGES),),
+        hub_columns=("messages",),
+    ),
+    Schema(
+        name="text",
+        description="plain language-modeling text in a `text` column (every token is trained)",
+        kind=TEXT,
+        columns=(Column("text"),),
+        hub_columns=("text",),
+    ),
+    Schema(
+        name="preference",
+        description="TRL preference data: `chosen`/`rejected` (strings or conversations), optional `prompt`",
+        kind=PREFERENCE,
+        columns=(
+            Column("prompt", kind=ANY, required=False),
+            Column("chosen", kind=ANY),
+            Column("rejected", kind=ANY),
         ),
-        Schema(
-            name="evol_instruct",
-            description="Recycled Evol-Instruct: one struct column `data` holding {instruction, input, output}",
-            hub_id="umd-zhou-lab/recycled_wiz70_v1",
-            columns=(Column("data", kind=STRUCT, fields=_INSTRUCTION_FIELDS),),
-            hub_columns=("data",),
-        ),
-        Schema(
-            name="ultrafeedback",
-            description="UltraFeedback binarized: SFT on the chosen conversation `messages`, DPO on chosen/rejected",
-            hub_id="HuggingFaceH4/ultrafeedback_binarized",
-            columns=(Column("messages", kind=MESSAGES),),
-            train_split="train_sft",
-            test_split="test_sft",
-            other_splits=("train_prefs", "test_prefs", "train_gen", "test_gen"),
-            hub_columns=("prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen", "score_rejected"),
-            preference=True,
-        ),
-        Schema(
-            name="metamath",
-            description="MetaMathQA: `query` is the prompt, `response` the completion (ends with 'The answer is: X')",
-            hub_id="meta-math/MetaMathQA",
-            columns=(Column("query"), Column("response")),
-            hub_columns=("query", "response", "type", "original_question"),
-        ),
-        Schema(
-            name="magicoder",
-            description="Magicoder-OSS-Instruct: `problem` is the prompt, `solution` the completion",
-            hub_id="ise-uiuc/Magicoder-OSS-Instruct-75K",
-            columns=(Column("problem"), Column("solution")),
-            hub_columns=("problem", "solution", "lang", "seed", "index", "raw_index", "openai_fingerprint"),
-        ),
-        Schema(
-            name="prompt_completion",
-            description="TRL prompt/completion data (strings or conversations), passed through",
-            columns=(Column("prompt", kind=ANY), Column("completion", kind=ANY)),
-            hub_columns=("prompt", "completion"),
-        ),
-        Schema(
-            name="messages",
-            description="TRL conversational data: `messages`, a list of {role, content} turns",
-            columns=(Column("messages", kind=MESSAGES),),
-            hub_columns=("messages",),
-        ),
-        Schema(
-            name="text",
-            description="plain language-modeling text in a `text` column (every token is trained)",
-            columns=(Column("text"),),
-            hub_columns=("text",),
-        ),
-        Schema(
-            name="preference",
-            description="TRL preference data: `chosen`/`rejected` (strings or conversations), optional `prompt`",
-            columns=(
-                Column("prompt", kind=ANY, required=False),
-                Column("chosen", kind=ANY),
-                Column("rejected", kind=ANY),
-            ),
-            hub_columns=("prompt", "chosen", "rejected"),
-            preference=True,
-            sft=False,
-        ),
-    ]
-}
+        hub_columns=("prompt", "chosen", "rejected"),
+        preference=True,
+    ),
+)
 
+SCHEMAS: dict[str, Schema] = {}
+
+
+def register_schema(schema: Schema, overwrite: bool = False) -> Schema:
+    """Add a dataset schema: `dataset_schema: <name>` selects it and `auto` detects it from then on."""
+    schema.check()
+    if schema.name in SCHEMAS and not overwrite:
+        raise ValueError(f"A dataset schema named {schema.name!r} is already registered; pass overwrite=True.")
+    SCHEMAS[schema.name] = schema
+    return schema
+
+
+def unregister_schema(name: str) -> None:
+    SCHEMAS.pop(name, None)
+
+
+for _schema in BUILTIN_SCHEMAS:
+    register_schema(_schema)
+
+# The built-in schemas (`schema_names()` includes registered ones).
 SCHEMA_NAMES: tuple[str, ...] = ("auto", *SCHEMAS)
-# The schemas `load_dpo_datasets` accepts.
-PREFERENCE_SCHEMAS: tuple[str, ...] = tuple(name for name, schema in SCHEMAS.items() if schema.preference)
+
+
+def schema_names() -> tuple[str, ...]:
+    """Valid `dataset_schema` values: "auto" and every registered schema."""
+    return ("auto", *SCHEMAS)
 
 
 def get_schema(name: str) -> Schema:
     try:
         return SCHEMAS[name]
     except KeyError:
-        raise DataError(f"Unknown dataset schema {name!r}; valid values: {', '.join(SCHEMA_NAMES)}.") from None
+        raise DataError(f"Unknown dataset schema {name!r}; valid values: {', '.join(schema_names())}.") from None
 
 
 def schemas_overview(names=None) -> str:
@@ -183,45 +292,55 @@ def feature_kind(feature) -> str:
     return type(feature).__name__
 
 
-def detect_schema(features: Mapping, *, preference: bool = False) -> str:
-    """Guess the schema from the column names (and the type of `data`).
+def _detection_score(schema: Schema, features: Mapping, extra: tuple[str, ...] = ()) -> int | None:
+    """How many columns of the data identify `schema` (its required columns, the markers present and `extra`), or None
+    when it does not match. A column declared as a struct must be one: that is what tells Evol-Instruct's `data` from a
+    plain column of that name (other types are checked by `validate_columns`, whose error names the column)."""
+    columns = set(features)
+    identifying = set(schema.required_columns) | set(extra)
+    if not identifying <= columns:
+        return None
+    for column in schema.columns:
+        if column.kind == STRUCT and column.name in identifying and feature_kind(features[column.name]) != STRUCT:
+            return None
+    if schema.markers:
+        present = set(schema.markers) & columns
+        if not present:
+            return None
+        identifying |= present
+    return len(identifying)
 
-    The order matters: UltraFeedback has `prompt` and `messages`, Alpaca-GPT4 has `text`, so the specific schemas are
-    tried before the generic ones. With `preference=True`, only preference schemas are considered.
+
+def detect_schema(features: Mapping, *, preference: bool = False) -> str:
+    """Guess the schema from the column names (and struct types), from the declarations in `SCHEMAS`.
+
+    The schema whose identifying columns (required columns and markers) cover the most columns of the data wins, so
+    specific schemas beat generic ones whatever their order (Alpaca-GPT4 also has `text`, UltraFeedback also has
+    `prompt`); a tie goes to the schema declared first. With `preference=True`, only schemas holding preference pairs
+    are considered, and the pair columns (those the `preference` kind requires) must be there too.
     """
     columns = set(features)
+    pair_columns = tuple(SCHEMAS["preference"].required_columns) if "preference" in SCHEMAS else ("chosen", "rejected")
     if preference:
-        if {"chosen", "rejected"} <= columns:
-            # Keep the UltraFeedback name when its columns are all there: its conversion is the same, but the name
-            # says where the data came from.
-            return "ultrafeedback" if "messages" in columns else "preference"
-        candidates = PREFERENCE_SCHEMAS
+        candidates = [schema for schema in SCHEMAS.values() if schema.preference]
+        scores = {schema.name: _detection_score(schema, features, pair_columns) for schema in candidates}
     else:
-        if "data" in columns and feature_kind(features["data"]) == STRUCT:
-            return "evol_instruct"
-        if "messages" in columns and ({"chosen", "prompt_id"} & columns):
-            return "ultrafeedback"
-        if {"query", "response"} <= columns:
-            return "metamath"
-        if {"problem", "solution"} <= columns:
-            return "magicoder"
-        if {"instruction", "output"} <= columns:
-            return "alpaca"
-        if "messages" in columns:
-            return "messages"
-        if {"prompt", "completion"} <= columns:
-            return "prompt_completion"
-        if "text" in columns:
-            return "text"
-        if {"chosen", "rejected"} <= columns:
+        candidates = [schema for schema in SCHEMAS.values() if schema.sft]
+        scores = {schema.name: _detection_score(schema, features) for schema in candidates}
+    matches = {name: score for name, score in scores.items() if score is not None}
+    if matches:
+        return max(matches, key=matches.get)  # the first of equal scores, in declaration order
+    if not preference:
+        pairs = [s for s in SCHEMAS.values() if not s.sft and _detection_score(s, features) is not None]
+        if pairs:
             raise DataError(
-                f"The dataset has preference columns (chosen, rejected) but no SFT columns; found columns: "
-                f"{', '.join(sorted(columns))}. Use it for DPO (trl_emo.dpo), or set dataset_schema explicitly."
+                f"The dataset has preference columns ({', '.join(pairs[0].required_columns)}) but no SFT columns; "
+                f"found columns: {', '.join(sorted(columns))}. Use it for DPO (trl_emo.dpo), or set dataset_schema "
+                "explicitly."
             )
-        candidates = [name for name, schema in SCHEMAS.items() if schema.sft]
     raise DataError(
         f"Could not detect the dataset schema from its columns: {', '.join(sorted(columns)) or '(none)'}.\n"
-        f"Known schemas and the columns they need:\n{schemas_overview(candidates)}\n"
+        f"Known schemas and the columns they need:\n{schemas_overview([schema.name for schema in candidates])}\n"
         "Rename the columns, or set `dataset_schema` explicitly."
     )
 

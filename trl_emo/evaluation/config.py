@@ -6,10 +6,10 @@ import re
 from dataclasses import dataclass, field
 
 from ..cli_utils import ConfigError
+from ..data.prompts import PROMPT_FORMATS, check_prompt_format
 
 BACKENDS = ("hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-PROMPT_FORMATS = ("auto", "chat", "alpaca")
 DEFAULT_MATH_K = (1, 4, 8, 16, 32)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -131,8 +131,9 @@ class EvalConfig:
         max_prompts (`int` or `None`, *optional*, defaults to `None`):
             Evaluate only the first `max_prompts` prompts.
         prompt_format (`str`, *optional*, defaults to `"auto"`):
-            `"chat"` (the policy's chat template, one user turn, `add_generation_prompt=True`), `"alpaca"` (the Alpaca
-            prompt for base models) or `"auto"` (chat when the policy's tokenizer has a chat template).
+            `"chat_template"` (the policy's chat template, one user turn, `add_generation_prompt=True`), `"alpaca"`
+            (the Alpaca prompt for base models) or `"auto"` (the chat template when the policy's tokenizer has one):
+            the values and the rule of training's `prompt_format`. `"chat"` is a deprecated name of `"chat_template"`.
 
         > Sampling
 
@@ -282,7 +283,11 @@ class EvalConfig:
             raise ConfigError("No policies to evaluate: set `policies` (e.g. `--policies ce=path/ce gem=path/gem`).")
         if not self.prompts:
             raise ConfigError("No prompt set: set `prompts` to a Hub dataset id or a local json/jsonl/parquet file.")
-        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("prompt_format", PROMPT_FORMATS)):
+        try:
+            self.prompt_format = check_prompt_format(self.prompt_format)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}.")
         # Sampling fields a task ignores stay `None` (check_fields refused any value set for them).

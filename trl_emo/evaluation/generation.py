@@ -7,9 +7,10 @@ import os
 from dataclasses import dataclass
 
 from ..generation_eos import find_end_of_turn_token
+from ..sources import adapter_rank, load_causal_lm, tokenizer_location
 from .cache import JsonlCache, file_signature
 from .config import EvalConfig, EvaluationError
-from .loading import adapter_base, adapter_rank, has_tokenizer, load_tokenizer, resolve_device, resolve_dtype
+from .loading import adapter_base, load_tokenizer, resolve_device, resolve_dtype
 from .prompts import PromptSet, encode_once, render_policy_prompt
 
 GREEDY = "greedy"
@@ -90,12 +91,13 @@ def generation_settings(config: EvalConfig, path: str, prompt_set: PromptSet, nu
         "max_new_tokens": config.max_new_tokens,
         "seed": config.seed,
         "dtype": config.dtype,
-        "prompt_format": config.prompt_format,
+        # Under the name it had before training and evaluation shared one vocabulary, so caches written then resume.
+        "prompt_format": "chat" if config.prompt_format == "chat_template" else config.prompt_format,
         "stop_at_end_of_turn": config.stop_at_end_of_turn,
         # Only the source: rows are checked prompt by prompt, so raising `max_prompts` reuses them.
         "prompts": {k: prompt_set.source[k] for k in ("prompts", "config", "split", "prompt_column")},
     }
-    base = adapter_base(os.path.expanduser(path)) if os.path.isdir(os.path.expanduser(path)) else None
+    base = adapter_base(path)
     if base is not None:
         settings["base_model"] = file_signature(os.path.expanduser(base))
     if config.backend == "hf":
@@ -108,20 +110,14 @@ class HFGenerator:
 
     def __init__(self, path: str, config: EvalConfig, tokenizer):
         import torch
-        from transformers import AutoModelForCausalLM
 
         self.device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, self.device)
         path = os.path.expanduser(path)
-        base = adapter_base(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            base or path, dtype=dtype, trust_remote_code=config.trust_remote_code
-        )
-        if base is not None:
-            from peft import PeftModel
-
-            # Merging once makes every later forward pass as fast as the base model's.
-            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        adapter_base(path)  # an adapter that names no base: an evaluation error
+        # An adapter is merged once (every later forward pass as fast as the base model's), into a base resized to
+        # the adapter's tokenizer when the SFT run added tokens.
+        model = load_causal_lm(path, dtype, trust_remote_code=config.trust_remote_code)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         # Left padding keeps every prompt's last token next to its first generated token.
@@ -197,7 +193,7 @@ class VLLMGenerator:
         base = adapter_base(path)
         kwargs = dict(
             model=os.path.expanduser(base) if base else path,
-            tokenizer=path if base is None else (path if has_tokenizer(path) else os.path.expanduser(base)),
+            tokenizer=tokenizer_location(path),
             dtype=config.dtype,
             seed=config.seed,
             trust_remote_code=config.trust_remote_code,

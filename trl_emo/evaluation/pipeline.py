@@ -24,7 +24,7 @@ def check_models(config: EvalConfig) -> None:
         import_vllm()
     for name, path in config.policies.items():
         check_model_source(path, f"Policy {name!r}")
-        base = adapter_base(os.path.expanduser(path)) if os.path.isdir(os.path.expanduser(path)) else None
+        base = adapter_base(path)
         if base is not None:
             check_model_source(base, f"Base model of the LoRA adapter {name!r}")
     if config.reward_model:

@@ -1,4 +1,5 @@
-"""Loading the prompt set: Hub id or local file, AlpacaEval / UltraFeedback / messages / GSM8K layouts."""
+"""Loading the prompt set (Hub id or local data, read like the training data), AlpacaEval / UltraFeedback / messages /
+GSM8K layouts, and rendering a prompt for a policy in the training prompt formats."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..data.prepare import resolve_prompt_format
+from ..data.prompts import alpaca_prompt, instruction_and_input, user_content
+from ..data.schemas import DataError
+from ..sources import locate
 from .config import EvalConfig, EvaluationError
 from .metrics import extract_answer, parse_number
 
 PROMPT_COLUMNS = ("messages", "prompt", "instruction", "question")
-LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
-
-
 
 @dataclass
 class PromptExample:
@@ -49,64 +51,38 @@ class PromptSet:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def is_local(path: str) -> bool:
-    return os.path.exists(path) or path.endswith(LOCAL_SUFFIXES) or path.startswith((".", "/", "~"))
-
-
 def read_rows(source: str, config_name: str | None = None, split: str | None = None) -> list[dict]:
-    """Rows of a local json/jsonl/parquet/csv file, a `save_to_disk` folder, or a Hub dataset split."""
-    path = os.path.expanduser(source)
-    if is_local(source):
-        if not os.path.exists(path):
-            raise EvaluationError(f"Prompt file not found: {source}")
-        if os.path.isdir(path):
-            import datasets
-
-            loaded = datasets.load_from_disk(path)
-            return _pick_split(loaded, split, source) if isinstance(loaded, datasets.DatasetDict) else list(loaded)
-        if path.endswith(".jsonl"):
-            with open(path, encoding="utf-8") as handle:
-                return [json.loads(line) for line in handle if line.strip()]
-        if path.endswith(".json"):
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError:
-                # Some ".json" files are JSON lines.
-                return [json.loads(line) for line in text.splitlines() if line.strip()]
-            if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
-                data = next(iter(data.values()))
-            if not isinstance(data, list):
-                raise EvaluationError(f"{source}: expected a JSON list of objects.")
-            return data
-        # Read directly rather than through `datasets.load_dataset`, which would copy the file into its cache.
-        if path.endswith(".parquet"):
-            import pyarrow.parquet
-
-            return pyarrow.parquet.read_table(path).to_pylist()
-        if path.endswith(".csv"):
-            import csv
-
-            with open(path, encoding="utf-8", newline="") as handle:
-                return list(csv.DictReader(handle))
-        raise EvaluationError(f"{source}: unsupported file type; use one of {', '.join(LOCAL_SUFFIXES)}.")
-    import datasets
+    """Rows of a prompt set: a Hub dataset split, or a local file, folder of split files or `save_to_disk` folder,
+    read by `trl_emo.data.loading` like the training data. A single file is the whole prompt set, whatever `split`
+    says; elsewhere `split=None` takes the only split, or `test` when there are several."""
+    from ..data.loading import available_splits, load_split, resolve_source
+    from ..data.schemas import DataError, DataPathError
 
     try:
-        if split is None:
+        data_source = resolve_source(source)
+    except DataPathError:
+        raise EvaluationError(f"Prompt file not found: {source}") from None
+    except DataError as exc:
+        raise EvaluationError(str(exc)) from None
+    try:
+        if data_source.kind == "file":
+            split = "train"
+        elif data_source.is_local:
+            split = _pick_split_name(available_splits(data_source), split, source)
+        elif split is None:
+            import datasets
+
             # Ask for the split names first: downloading every split of a large set to use one is wasteful.
-            names = datasets.get_dataset_split_names(source, config_name)
-            split = _pick_split_name(names, None, source)
-        return list(datasets.load_dataset(source, config_name, split=split))
+            split = _pick_split_name(datasets.get_dataset_split_names(source, config_name), None, source)
+        return list(load_split(data_source, split, config_name))
     except EvaluationError:
         raise
+    except DataError as exc:
+        raise EvaluationError(f"Prompt set {source!r}: {exc}") from None
     except Exception as exc:  # offline, unknown id or split, script-based repo...
+        if data_source.is_local:
+            raise
         raise EvaluationError(f"Could not load the prompt set {source!r} from the Hub: {exc}") from exc
-
-
-def _pick_split(loaded, split: str | None, source: str) -> list[dict]:
-    return list(loaded[_pick_split_name(list(loaded.keys()), split, source)])
 
 
 def _pick_split_name(names: list[str], split: str | None, source: str) -> str:
@@ -215,18 +191,14 @@ def load_prompt_set(
         extra_input = extra_input if isinstance(extra_input, str) else ""
         if isinstance(value, list):
             messages = _as_messages(value, prompt_column, index)
-            # As in training (`trl_emo.data.prompts.conversation_to_alpaca`): the last user turn is the
-            # instruction, earlier turns become the input.
-            from ..data.prompts import render_turns
-
-            users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            last = users[-1] if users else len(messages) - 1
-            instruction = messages[last]["content"]
-            extra_input = render_turns(messages[:last] + messages[last + 1 :])
+            # As in training: the last user turn is the instruction, the other turns the input.
+            try:
+                instruction, extra_input = instruction_and_input(messages)
+            except ValueError:
+                raise EvaluationError(f"Row {index}: column {prompt_column!r} has no user turn.") from None
         elif isinstance(value, str):
             instruction = value
-            content = f"{value}\n\n{extra_input}" if extra_input else value
-            messages = [{"role": "user", "content": content}]
+            messages = [{"role": "user", "content": user_content(value, extra_input)}]
         else:
             raise EvaluationError(
                 f"Row {index}: prompt column {prompt_column!r} must be text or messages, got {type(value).__name__}."
@@ -253,7 +225,8 @@ def load_prompt_set(
     if config.reference_column and not any(e.reference is not None for e in examples):
         raise EvaluationError(f"reference_column {config.reference_column!r} holds no reference response.")
     # Absolute for local files, so the cache fingerprint does not depend on the working directory.
-    location = os.path.abspath(os.path.expanduser(config.prompts)) if is_local(config.prompts) else config.prompts
+    kind, _ = locate(config.prompts)
+    location = os.path.abspath(os.path.expanduser(config.prompts)) if kind == "local" else config.prompts
     source = {
         "prompts": location,
         "config": config.prompts_config,
@@ -267,15 +240,15 @@ def load_prompt_set(
 
 
 def render_policy_prompt(tokenizer, example: PromptExample, prompt_format: str = "auto") -> str:
-    """The text the policy continues: its chat template, or the Alpaca prompt for base models."""
-    use_chat = prompt_format == "chat" or (prompt_format == "auto" and getattr(tokenizer, "chat_template", None))
-    if use_chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise EvaluationError("prompt_format is 'chat' but the policy's tokenizer has no chat template.")
+    """The text the policy continues: its chat template, or the Alpaca prompt for base models (`prompt_format`
+    resolved against the tokenizer as in training, by `trl_emo.data.resolve_prompt_format`)."""
+    try:
+        prompt_format = resolve_prompt_format(prompt_format, tokenizer)
+    except DataError as exc:
+        raise EvaluationError(f"The policy's tokenizer: {exc}") from None
+    if prompt_format == "chat_template":
         return tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True)
     # The training side's own function, so evaluation prompts match the fine-tuning prompts exactly.
-    from ..data.prompts import alpaca_prompt
-
     return alpaca_prompt(example.instruction, example.input)
 
 

@@ -8,7 +8,6 @@ computed in float32. This halves the resident memory of a bf16 model's snapshot 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -137,16 +136,19 @@ def _load_model_head(path: str, trust_remote_code: bool = False) -> torch.Tensor
 def load_cost_embedding(spec: str, trust_remote_code: bool = False) -> CostEmbedding:
     """A cost embedding from a file (`[V, d']` tensor) or from another model (its output embedding).
 
-    `spec` is a local path; a string that is not a local path is tried as a Hub model id.
+    `spec` is a local path, or a Hub model id (`trl_emo.sources.locate` tells them apart).
     """
-    path = Path(os.path.expanduser(spec))
-    if path.is_file():
+    from ..sources import locate
+
+    kind, location = locate(spec)
+    path = Path(location)
+    if kind == "local" and path.is_file():
         return CostEmbedding(_load_tensor_file(path), source=str(path))
-    if path.is_dir():
+    if kind == "local" and path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"EMO cost embedding folder {path} has no config.json: it must be a model folder.")
         return CostEmbedding(_load_model_head(str(path), trust_remote_code), source=str(path))
-    if spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").split("/", 1)[-1]:
+    if kind != "hub":
         raise FileNotFoundError(f"EMO cost embedding not found: {spec}")
     try:
         return CostEmbedding(_load_model_head(spec, trust_remote_code), source=spec)
