@@ -51,7 +51,7 @@ def test_sft_with_each_loss_from_a_recipe(tmp_path, tiny, loss_type):
 
     argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
             "--loss_type", loss_type, *short(tmp_path / "out")]
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     model, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
     assert not info["unexpected_keys"] and not info["missing_keys"]
 
@@ -61,7 +61,7 @@ def test_qlora_recipe_trains_on_cpu(tmp_path, tiny):
             "--chat_template_path", "", "--dataset_name", tiny["ultrafeedback"], "--use_cpu", "true", "--bf16", "false",
             "--dtype", "float32", "--gradient_checkpointing", "false", "--gradient_accumulation_steps", "1",
             "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2", *short(tmp_path / "out")]
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and (out / "generation_config.json").exists()
     assert final_state(out)["global_step"] == 2
@@ -75,8 +75,8 @@ def slow(self, *a, **k):
     time.sleep(0.4)  # leave the test time to kill the run mid-training
     return step(self, *a, **k)
 t.SFTTrainer.training_step = slow
-from trl_emo.sft import main
-raise SystemExit(main(sys.argv[1:]))
+from trl_emo.sft import run
+raise SystemExit(run(sys.argv[1:]))
 """
 
 
@@ -97,7 +97,7 @@ def test_killed_run_resumes_to_the_same_step_count_without_losing_checkpoints(tm
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "checkpoint-6").exists(), "the run finished before it was killed"
 
-    assert sft.main(argv + ["--resume_from_checkpoint", "true"]) == 0
+    assert sft.run(argv + ["--resume_from_checkpoint", "true"]) == 0
     assert final_state(out)["global_step"] == 6
     for step in (2, 4, 6):
         assert (out / f"checkpoint-{step}" / "model.safetensors").exists()
@@ -108,7 +108,7 @@ def test_killed_run_resumes_to_the_same_step_count_without_losing_checkpoints(tm
 def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path, tiny, capsys):
     argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
             "--resume_from_checkpoint", str(tmp_path / "checkpoint-9"), *short(tmp_path / "out")]
-    assert sft.main(argv) == 2
+    assert sft.run(argv) == 2
     assert "checkpoint folder not found" in capsys.readouterr().err
 
 
@@ -121,7 +121,7 @@ def test_sft_then_dpo(tmp_path, tiny, lora):
     argv = ["--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["ultrafeedback"],
             "--dataset_train_split", "train_sft", "--dataset_test_split", "test_sft", "--dataset_schema", "ultrafeedback",
             "--prompt_format", "auto", "--loss_type", "gem", *extra, *short(sft_out)]
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     assert (sft_out / "adapter_config.json").exists() == lora
     eos = GenerationConfig.from_pretrained(str(sft_out)).eos_token_id
     assert 7 in (eos if isinstance(eos, list) else [eos])  # <|end|>, the tiny template's end of turn
@@ -131,7 +131,7 @@ def test_sft_then_dpo(tmp_path, tiny, lora):
             "--dataset_name", tiny["ultrafeedback"], "--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
             "--gradient_checkpointing", "false", "--eval_strategy", "no", "--gradient_accumulation_steps", "1",
             "--learning_rate", "1e-4", "--report_to", "none", *extra, *short(dpo_out)]
-    assert dpo.main(argv) == 0
+    assert dpo.run(argv) == 0
     state = final_state(dpo_out)
     assert state["global_step"] == 2
     assert any("rewards/margins" in row for row in state["log_history"])
@@ -164,7 +164,7 @@ def test_console_script_dispatch(capsys):
 def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
     from trl_emo import demo
 
-    assert demo.main(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
+    assert demo.run(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
                       "--max_new_tokens", "8"]) == 0
     out = capsys.readouterr().out
     assert "held-out cross-entropy" in out and "nll" in out and "gem" in out
@@ -174,6 +174,6 @@ def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
         assert torch.isfinite(torch.tensor(values["held_out_cross_entropy"]))
         assert 0 <= values["ngram_diversity"] <= 100
     # A second run reuses the finished trainings.
-    assert demo.main(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
+    assert demo.run(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
                       "--max_new_tokens", "8"]) == 0
     assert "reusing the finished run" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from trl_emo.evaluation import generation, scoring
-from trl_emo.evaluation.cli import main
+from trl_emo.evaluation.cli import run
 from trl_emo.tiny import build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
 from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
@@ -89,7 +89,7 @@ def run_counted(monkeypatch, argv, generate_fail_on=None, score_fail_on=None):
     score = Counter(scoring.RewardModel.score, score_fail_on)
     score.install(monkeypatch, scoring.RewardModel, "score")
     try:
-        code = main(argv)
+        code = run(argv)
     finally:
         monkeypatch.undo()
     return code, gen.calls, score.calls
@@ -128,7 +128,7 @@ def test_recipe_run_writes_every_output(assets, tmp_path, capsys):
     # Flags override the recipe.
     path = recipe(assets, output_dir, embedding_diversity=True, max_new_tokens=8)
     argv = ["--recipe", path, "--max_new_tokens", "5"]
-    assert main(argv) == 0
+    assert run(argv) == 0
     assert "| metric | ce | gem |" in capsys.readouterr().out
 
     for name in ("ce", "gem"):
@@ -203,11 +203,11 @@ def test_a_finished_run_loads_no_model_and_changed_settings_are_refused(assets, 
     monkeypatch.setattr(generation.HFGenerator, "__init__", refuse)
     monkeypatch.setattr(scoring.RewardModel, "__init__", refuse)
     argv = ["--recipe", recipe(assets, full_run["dir"])]
-    assert main(argv) == 0
+    assert run(argv) == 0
     assert load_summary(full_run["dir"]) == full_run["summary"]
     capsys.readouterr()
 
-    assert main([*argv, "--temperature", "0.7"]) == 2
+    assert run([*argv, "--temperature", "0.7"]) == 2
     err = capsys.readouterr().err
     assert "written with different settings" in err and "temperature: cached 1.0, now 0.7" in err
 
@@ -244,7 +244,7 @@ def test_gsm8k_metrics_from_the_generated_answers(assets, tmp_path, monkeypatch)
     # No reward model: only the GSM8K metrics (and response statistics) are computed.
     path = recipe(assets, output_dir, policies=[f"ce={assets['ce']}"], generation_batch_size=8, diversity=False)
     argv = ["--recipe", path]
-    assert main([*argv, "--reward_model", ""]) == 0
+    assert run([*argv, "--reward_model", ""]) == 0
     gsm = load_summary(output_dir)["models"]["ce"]["gsm8k"]
     assert gsm["greedy_accuracy"] == pytest.approx(100 / 3)  # only prompt 0; "1,0" is 1, not 10
     assert gsm["k"] == [1, 4]
@@ -266,5 +266,5 @@ def test_gsm8k_metrics_from_the_generated_answers(assets, tmp_path, monkeypatch)
 )
 def test_clear_errors(assets, tmp_path, capsys, monkeypatch, overrides, message):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    assert main(["--recipe", recipe(assets, tmp_path / "bad", **overrides)]) == 2
+    assert run(["--recipe", recipe(assets, tmp_path / "bad", **overrides)]) == 2
     assert message in capsys.readouterr().err

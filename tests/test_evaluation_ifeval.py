@@ -14,7 +14,7 @@ pytest.importorskip("lm_eval", reason="the `ifeval` extra (lm-eval[ifeval]) is n
 nltk = pytest.importorskip("nltk", reason="the `ifeval` extra (lm-eval[ifeval]) is not installed")
 
 from trl_emo.evaluation import generation  # noqa: E402
-from trl_emo.evaluation.cli import main  # noqa: E402
+from trl_emo.evaluation.cli import run  # noqa: E402
 from trl_emo.evaluation.ifeval_checkers import NLTK_DATA_MISSING, accuracies  # noqa: E402
 
 from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY  # noqa: E402
@@ -102,7 +102,7 @@ def test_table_1_numbers_by_hand():
 def test_ifeval_end_to_end_greedy_checked_and_resumed(assets, punkt_tab, scripted_policy, tmp_path, capsys):
     output_dir = tmp_path / "ifeval"
     argv = ["--recipe", ifeval_recipe(assets, output_dir)]
-    assert main(argv) == 0
+    assert run(argv) == 0
     out = capsys.readouterr().out
     assert "| model | strict, prompt level | strict, instruction level | loose, prompt level |" in out
     assert "| ce | 50.00 | 50.00 | 75.00 | 66.67 | 60.42 |" in out
@@ -117,26 +117,26 @@ def test_ifeval_end_to_end_greedy_checked_and_resumed(assets, punkt_tab, scripte
     assert summary["settings"]["decoding"] == "greedy" and summary["settings"]["max_new_tokens"] == 1024
     assert (output_dir / "ifeval.png").read_bytes()[:4] == b"\x89PNG"
 
-    assert main(argv) == 0  # resumed: nothing generated again, same summary
+    assert run(argv) == 0  # resumed: nothing generated again, same summary
     assert scripted_policy["greedy"] == 2
     assert json.loads((output_dir / "summary.json").read_text()) == summary
 
 
 def test_missing_nltk_data_is_one_line_before_any_generation(assets, scripted_policy, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "empty")])
-    assert main(["--recipe", ifeval_recipe(assets, tmp_path / "out")]) == 2
+    assert run(["--recipe", ifeval_recipe(assets, tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {NLTK_DATA_MISSING}" and "python -m nltk.downloader punkt_tab" in err
     assert scripted_policy == {"greedy": 0, "sampled": 0}
 
 
 def test_ifeval_clear_errors(assets, punkt_tab, tmp_path, capsys, monkeypatch):
-    assert main(["--recipe", ifeval_recipe(assets, tmp_path / "a", temperature=0.7)]) == 2
+    assert run(["--recipe", ifeval_recipe(assets, tmp_path / "a", temperature=0.7)]) == 2
     assert "temperature does not apply to task 'ifeval' (it decodes greedily" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "x", "instruction_id_list": ["no:such_check"], "kwargs": [{}]}) + "\n")
-    assert main(["--recipe", ifeval_recipe(assets, tmp_path / "b", prompts=str(bad))]) == 2
+    assert run(["--recipe", ifeval_recipe(assets, tmp_path / "b", prompts=str(bad))]) == 2
     assert "unknown instruction ids ['no:such_check']" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "langdetect", None)
-    assert main(["--recipe", ifeval_recipe(assets, tmp_path / "c")]) == 2
+    assert run(["--recipe", ifeval_recipe(assets, tmp_path / "c")]) == 2
     assert "pip install 'trl-emo[ifeval]'" in capsys.readouterr().err

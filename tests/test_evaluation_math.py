@@ -13,7 +13,7 @@ import yaml
 pytest.importorskip("math_verify", reason="the `math` extra (math-verify) is not installed")
 
 from trl_emo.evaluation import generation, metrics  # noqa: E402
-from trl_emo.evaluation.cli import main  # noqa: E402
+from trl_emo.evaluation.cli import run  # noqa: E402
 from trl_emo.evaluation.math_answers import (  # noqa: E402
     Equivalence, cluster_answers, extract_math_answer, final_line, last_boxed, math_gold,
 )
@@ -216,7 +216,7 @@ def math_recipe(assets, output_dir, **overrides):
 def test_math_task_end_to_end_and_resume(assets, tmp_path, scripted_policy, monkeypatch, capsys):
     output_dir = tmp_path / "math"
     argv = ["--recipe", math_recipe(assets, output_dir)]
-    assert main(argv) == 0
+    assert run(argv) == 0
     table = capsys.readouterr().out
     assert "GEM Figure 3" in table and "| MV@4 |" in table and "| BoN (reward model)@4 |" in table
     summary = json.loads((output_dir / "summary.json").read_text())
@@ -256,7 +256,7 @@ def test_math_task_end_to_end_and_resume(assets, tmp_path, scripted_policy, monk
 
     monkeypatch.setattr(Equivalence, "__call__", counting)
     before = scripted_policy["generate"]
-    assert main(argv) == 0
+    assert run(argv) == 0
     assert scripted_policy["generate"] == before and calls["check"] == 0
     assert json.loads((output_dir / "summary.json").read_text()) == summary
 
@@ -264,13 +264,13 @@ def test_math_task_end_to_end_and_resume(assets, tmp_path, scripted_policy, monk
 def test_math_task_clear_errors(assets, tmp_path, capsys, monkeypatch):
     no_gold = tmp_path / "nogold.jsonl"
     no_gold.write_text(json.dumps({"problem": "1+1?"}) + "\n")
-    assert main(["--recipe", math_recipe(assets, tmp_path / "e1", prompts=str(no_gold))]) == 2
+    assert run(["--recipe", math_recipe(assets, tmp_path / "e1", prompts=str(no_gold))]) == 2
     assert "needs an `answer` or `solution` column" in capsys.readouterr().err
-    assert main(["--recipe", math_recipe(assets, tmp_path / "e2", k_values=[1, 2])]) == 2
+    assert run(["--recipe", math_recipe(assets, tmp_path / "e2", k_values=[1, 2])]) == 2
     assert "k_values does not apply to task 'math' (its k are `math_k_values`)" in capsys.readouterr().err
     import sys
 
     monkeypatch.setitem(sys.modules, "math_verify", None)
-    assert main(["--recipe", math_recipe(assets, tmp_path / "e3")]) == 2
+    assert run(["--recipe", math_recipe(assets, tmp_path / "e3")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "pip install 'trl-emo[math]'" in err

@@ -10,7 +10,7 @@ import pytest
 
 from trl_emo.cli_utils import ConfigError
 from trl_emo.evaluation import tasks
-from trl_emo.evaluation.cli import main
+from trl_emo.evaluation.cli import run
 from trl_emo.evaluation.config import EvalConfig
 from trl_emo.evaluation.tasks import EvalTask
 
@@ -94,7 +94,7 @@ def test_a_task_without_generation_runs_resumes_and_reports(toy_task, prompts_fi
     policy.mkdir()  # never loaded: this task does no work with the model
     argv = ["--task", "prompt_length", "--policies", f"a={policy}", f"b={policy}", "--prompts", prompts_file,
             "--output_dir", str(tmp_path / "out"), "--progress", "false"]
-    assert main(argv) == 0
+    assert run(argv) == 0
     assert "| mean characters | 9.33 | 9.33 |" in capsys.readouterr().out
     assert toy_task.computed == 6
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -105,12 +105,12 @@ def test_a_task_without_generation_runs_resumes_and_reports(toy_task, prompts_fi
     assert (tmp_path / "out" / "summary.md").read_text().startswith("# Prompt length\n\n3 prompts from")
 
     # Resuming recomputes nothing and writes the same summary.
-    assert main(argv) == 0
+    assert run(argv) == 0
     assert toy_task.computed == 6
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
 
 
 def test_list_tasks(capsys, toy_task):
-    assert main(["--list_tasks"]) == 0
+    assert run(["--list_tasks"]) == 0
     out = capsys.readouterr().out
     assert "bon" in out and "Best-of-n evaluation" in out and "prompt_length" in out

@@ -14,6 +14,8 @@ import pytest
 from conftest import CORPUS
 from data_fixtures import write_fixture
 from trl_emo import cli, sft
+from trl_emo._trl_compat import prepare_sft_examples
+from trl_emo.dry_run import MASK_CLOSE, MASK_OPEN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +45,7 @@ def models(tmp_path_factory):
 
 def _trained_text(out: str, example: int = 0) -> str:
     block = out.split(f"--- example {example}", 1)[1].split("\n", 1)[1].split("--- example", 1)[0]
-    return "".join(part.split(sft.MASK_CLOSE, 1)[-1] for part in block.split(sft.MASK_OPEN))
+    return "".join(part.split(MASK_CLOSE, 1)[-1] for part in block.split(MASK_OPEN))
 
 
 # -- 1. an explicit flag wins ---------------------------------------------------------------------------------
@@ -52,14 +54,14 @@ def _trained_text(out: str, example: int = 0) -> str:
 def test_explicit_assistant_only_loss_false_is_kept(models, tmp_path, capsys):
     common = ["--recipe", "gem_ultrafeedback", "--model_name_or_path", models["chat"], "--chat_template_path", "",
               "--dataset_name", models["ultrafeedback"], "--output_dir", str(tmp_path), "--use_cpu", "true", "--dry_run"]
-    assert sft.main([*common, "--assistant_only_loss", "false"]) == 0
+    assert sft.run([*common, "--assistant_only_loss", "false"]) == 0
     out = capsys.readouterr().out
     assert "assistant_only_loss=False" in out
-    assert sft.MASK_OPEN not in out.split("--- example 0", 1)[1]  # every token trained, the prompts included
+    assert MASK_OPEN not in out.split("--- example 0", 1)[1]  # every token trained, the prompts included
     # Left unset (the recipe's `true` removed), the `messages` format still turns it on.
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text((ROOT / "recipes" / "gem_ultrafeedback.yaml").read_text().replace("assistant_only_loss: true\n", ""))
-    assert sft.main([*common[2:], "--recipe", str(recipe)]) == 0
+    assert sft.run([*common[2:], "--recipe", str(recipe)]) == 0
     out = capsys.readouterr().out
     assert "assistant_only_loss=True" in out and "Describe a red cat." not in _trained_text(out)
 
@@ -93,7 +95,7 @@ def test_single_turn_conversations_train_with_the_prompt_masked(models, tmp_path
     train, _, routed = route_conversations(Dataset.from_list(rows), None, tokenizer)
     assert routed and set(train.column_names) == {"prompt", "completion"}
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none")
-    for row, prepared in zip(rows, sft.prepare_examples(train, tokenizer, args, 3)):
+    for row, prepared in zip(rows, prepare_sft_examples(train, tokenizer, args, 3)):
         ids, labels = prepared["input_ids"], prepared["labels"]
         prompt_ids = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=True,
                                                    return_dict=False)
@@ -109,11 +111,11 @@ def test_single_turn_conversations_train_with_the_prompt_masked(models, tmp_path
             "--eval_strategy", "no", "--use_cpu", "true", "--bf16", "false",
             "--activation_checkpointing", "false", "--max_steps", "2", "--per_device_train_batch_size", "2",
             "--save_strategy", "no", "--output_dir", str(tmp_path / "out")]
-    assert sft.main([*argv, "--dry_run"]) == 0
+    assert sft.run([*argv, "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "no {% generation %} markers" in out and "-> conversational_prompt_completion" in out
     assert _trained_text(out).strip() == "The cat is red and it likes to play.<|end|>"
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -124,16 +126,16 @@ def test_multi_turn_conversations_fail_in_one_line_in_dry_run_and_training(model
     def error_lines():  # stderr also holds the progress bars of the data preparation
         return [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
 
-    assert sft.main([*argv, "--dry_run"]) == 2
+    assert sft.run([*argv, "--dry_run"]) == 2
     (dry,) = error_lines()
-    assert sft.main(argv) == 2
+    assert sft.run(argv) == 2
     (training,) = error_lines()
     assert dry == training and dry.startswith("trl_emo.sft: error: ")
     assert "2 of 8 training conversations" in dry
     assert "--assistant_only_loss false" in dry and "--chat_template_path" in dry
     # Either fix works.
-    assert sft.main([*argv, "--dry_run", "--assistant_only_loss", "false"]) == 0
-    assert sft.main([*argv, "--dry_run", "--chat_template_path", models["chat"]]) == 0
+    assert sft.run([*argv, "--dry_run", "--assistant_only_loss", "false"]) == 0
+    assert sft.run([*argv, "--dry_run", "--chat_template_path", models["chat"]]) == 0
 
 
 # -- 4. --help ------------------------------------------------------------------------------------------------
@@ -180,10 +182,10 @@ def no_gpu(monkeypatch):
 def test_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu):
     argv = ["--recipe", "emo_alpaca_gpt4", "--model_name_or_path", models["chat"], "--dataset_name", models["alpaca"],
             "--output_dir", str(tmp_path)]
-    assert sft.main([*argv, "--dry_run"]) == 0
+    assert sft.run([*argv, "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "bf16: true" in out and "no GPU here" in out
-    assert sft.main(argv) == 2  # training it is not possible here: one line that says what to do
+    assert sft.run(argv) == 2  # training it is not possible here: one line that says what to do
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--bf16 false" in err
 
@@ -193,7 +195,7 @@ def test_dpo_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_
 
     argv = ["--recipe", "dpo_ultrafeedback", "--model_name_or_path", models["chat"], "--dataset_name",
             models["ultrafeedback"], "--output_dir", str(tmp_path), "--dry_run"]
-    assert dpo.main(argv) == 0
+    assert dpo.run(argv) == 0
     assert "--- pair 2 ---" in capsys.readouterr().out
 
 
@@ -219,11 +221,11 @@ def test_a_command_prints_no_noise_from_unused_packages(models, tmp_path):
 def test_the_deprecated_checkpointing_flag_still_overrides_the_recipe(models, tmp_path, capsys):
     argv = ["--recipe", "gem_ultrafeedback", "--model_name_or_path", models["chat"], "--chat_template_path", "",
             "--dataset_name", models["ultrafeedback"], "--output_dir", str(tmp_path), "--use_cpu", "true", "--dry_run"]
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     assert "activation_checkpointing: true" in capsys.readouterr().out  # the recipe's value
     for flag in (["--gradient_checkpointing", "false"], ["--gradient_checkpointing=false"], ["--no_gradient_checkpointing"],
                  ["--activation_checkpointing", "false"]):
-        assert sft.main([*argv, *flag]) == 0
+        assert sft.run([*argv, *flag]) == 0
         out = capsys.readouterr().out
         assert "activation_checkpointing: false" in out and "gradient_checkpointing: false" in out, flag
 

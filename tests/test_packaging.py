@@ -82,9 +82,9 @@ def test_sft_takes_a_recipe_by_name_outside_the_checkout(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     argv = ["--recipe", "gem_metamath", "--model_name_or_path", model, "--chat_template_path", "", "--dataset_name",
             data, "--use_cpu", "true", "--output_dir", str(tmp_path / "out"), "--dry_run"]
-    assert sft.main(argv) == 0
+    assert sft.run(argv) == 0
     assert "gem_h: logsigmoid" in capsys.readouterr().out
-    assert sft.main([*argv[:1], "gem_metamathh", *argv[2:]]) == 2
+    assert sft.run([*argv[:1], "gem_metamathh", *argv[2:]]) == 2
     assert "no packaged recipe has that name" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ import yaml
 from conftest import CORPUS
 from data_fixtures import fixture_rows, write_fixture
 from trl_emo import dpo, sft
+from trl_emo.dry_run import MASK_CLOSE, MASK_OPEN
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("dpo_", "eval_")))
@@ -56,15 +57,15 @@ def test_there_is_a_recipe_for_every_paper_setting():
 @pytest.mark.parametrize("recipe", SFT_RECIPES, ids=[p.stem for p in SFT_RECIPES])
 def test_sft_recipe_dry_runs_on_its_schema(recipe, tiny_models, tmp_path, capsys):
     config, args = recipe_overrides(recipe, tiny_models, tmp_path)
-    assert sft.main(args) == 0, capsys.readouterr().err
+    assert sft.run(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"loss_type: {config.get('loss_type', 'nll')}" in out
-    assert "--- example 2" in out and sft.MASK_OPEN in out
+    assert "--- example 2" in out and MASK_OPEN in out
     if config.get("load_in_4bit"):
         assert "load_in_4bit: true" in out and "use_peft: true" in out
     # The trained (unmasked) text of the first example is exactly the fixture's first answer.
     first = out.split("--- example 0", 1)[1].split("--- example 1", 1)[0]
-    trained = "".join(part.split(sft.MASK_CLOSE, 1)[-1] for part in first.split(sft.MASK_OPEN))
+    trained = "".join(part.split(MASK_CLOSE, 1)[-1] for part in first.split(MASK_OPEN))
     row = fixture_rows(config["dataset_schema"], 1, split=config.get("dataset_train_split", "train"))[0]
     answer = {
         "alpaca": lambda r: r["output"],
@@ -80,7 +81,7 @@ def test_sft_recipe_dry_runs_on_its_schema(recipe, tiny_models, tmp_path, capsys
 def test_dpo_recipe_dry_runs(recipe, tiny_models, tmp_path, capsys):
     args = ["--recipe", str(recipe), "--model_name_or_path", tiny_models["chat"], "--use_cpu", "true",
             "--dataset_name", write_fixture("ultrafeedback", tmp_path), "--output_dir", str(tmp_path / "out"), "--dry_run"]
-    assert dpo.main(args) == 0, capsys.readouterr().err
+    assert dpo.run(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "--- pair 2 ---" in out and "[chosen]" in out and "[rejected]" in out
     assert "train_prefs" in out
@@ -112,7 +113,7 @@ def _base_args(tmp_path, tiny_models):
 
 def test_unknown_recipe_key_is_a_clear_error(tmp_path, tiny_models, capsys):
     recipe = _write_recipe(tmp_path, loss_type="gem", gem_bta=0.5)
-    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
+    assert sft.run(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
     err = capsys.readouterr().err
     assert "gem_bta" in err and "did you mean 'gem_beta'" in err
 
@@ -121,20 +122,20 @@ def test_unknown_recipe_key_is_a_clear_error(tmp_path, tiny_models, capsys):
                                                        ("dataset_schema", "alpacca", "dataset_schema")])
 def test_bad_recipe_value_is_a_clear_error(tmp_path, tiny_models, capsys, field, value, match):
     recipe = _write_recipe(tmp_path, **{field: value})
-    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
+    assert sft.run(["--recipe", recipe, *_base_args(tmp_path, tiny_models)]) == 2
     assert match in capsys.readouterr().err
 
 
 def test_missing_recipe_file_and_model_are_clear_errors(tmp_path, tiny_models, capsys):
-    assert sft.main(["--recipe", str(tmp_path / "nope.yaml"), *_base_args(tmp_path, tiny_models)]) == 2
+    assert sft.run(["--recipe", str(tmp_path / "nope.yaml"), *_base_args(tmp_path, tiny_models)]) == 2
     assert "Recipe file not found" in capsys.readouterr().err
-    assert sft.main(["--dataset_name", "x", "--output_dir", str(tmp_path)]) == 2
+    assert sft.run(["--dataset_name", "x", "--output_dir", str(tmp_path)]) == 2
     assert "model_name_or_path is required" in capsys.readouterr().err
 
 
 def test_command_line_overrides_the_recipe(tmp_path, tiny_models, capsys):
     recipe = _write_recipe(tmp_path, loss_type="gem", gem_h="logsigmoid")
-    assert sft.main(["--recipe", recipe, *_base_args(tmp_path, tiny_models), "--loss_type", "nll"]) == 0
+    assert sft.run(["--recipe", recipe, *_base_args(tmp_path, tiny_models), "--loss_type", "nll"]) == 0
     out = capsys.readouterr().out
     assert "loss_type: nll" in out and "gem_h" not in out.split("script:")[0]
 
@@ -147,6 +148,6 @@ def test_missing_dataset_column_names_the_column_and_schema(tmp_path, tiny_model
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["--model_name_or_path", tiny_models["chat"], "--dataset_name", str(path), "--dataset_schema", "alpaca",
             "--use_cpu", "true", "--output_dir", str(tmp_path / "out"), "--dry_run"]
-    assert sft.main(args) == 2
+    assert sft.run(args) == 2
     err = capsys.readouterr().err
     assert "output" in err and "alpaca" in err

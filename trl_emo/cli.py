@@ -1,33 +1,62 @@
-"""The `trl-emo` console script: `trl-emo {sft,dpo,eval,demo,losses,recipes} [options]`."""
+"""The `trl-emo` console script: `trl-emo {sft,dpo,eval,demo,losses,recipes} [options]`.
+
+Dispatched through argparse subparsers the way TRL's own `trl` command registers its scripts
+(`trl/cli/commands/training.py`): each command is a subparser here, and the command's module, with its own
+`make_parser()` and `main(args)`, is imported only when that command runs (TRL takes seconds to import, which
+`trl-emo recipes` and `trl-emo --help` need not pay). `losses` and `recipes` are small enough to live here, in the
+same shape.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
 
-USAGE = """usage: trl-emo <command> [options]
-
-commands:
-  sft      supervised fine-tuning with any loss   (same as: python -m trl_emo.sft)
-  dpo      DPO on top of an SFT model or adapter  (same as: python -m trl_emo.dpo)
-  eval     best-of-n evaluation with a reward model (same as: python -m trl_emo.evaluate)
-  demo     GEM vs cross-entropy on a tiny model, offline, a few minutes on CPU (--quick: a smoke test)
-  losses   list the registered loss types
-  recipes  list the packaged recipes; `trl-emo recipes copy NAME [DEST] [--force]` writes one out to edit
-
-sft, dpo and eval take --recipe NAME (a packaged recipe, e.g. gem_ultrafeedback) or --recipe FILE.yaml,
+# command -> (module, one-line help, prefix of its error messages)
+COMMANDS = {
+    "sft": ("trl_emo.sft", "supervised fine-tuning with any loss (same as: python -m trl_emo.sft)", "trl_emo.sft"),
+    "dpo": ("trl_emo.dpo", "DPO on top of an SFT model or adapter (same as: python -m trl_emo.dpo)", "trl_emo.dpo"),
+    "eval": ("trl_emo.evaluation.cli", "evaluate models side by side, best-of-n by default (same as: python -m "
+             "trl_emo.evaluate)", ""),
+    "demo": ("trl_emo.demo", "GEM vs cross-entropy on a tiny model, offline, a few minutes on CPU (--quick: a smoke "
+             "test)", "trl-emo demo"),
+    "losses": ("trl_emo.cli", "list the registered loss types", "trl-emo losses"),
+    "recipes": ("trl_emo.cli", "list the packaged recipes; `trl-emo recipes copy NAME [DEST] [--force]` writes one "
+                "out to edit", "trl-emo recipes"),
+}
+ALIASES = {"evaluate": "eval"}
+EPILOG = """sft, dpo and eval take --recipe NAME (a packaged recipe, e.g. gem_ultrafeedback) or --recipe FILE.yaml,
 flags override the recipe, and --dry_run (sft, dpo) prints the resolved configuration and examples.
 Every command takes --help."""
 
 
-def _losses(argv) -> int:
-    import argparse
+def make_parser() -> argparse.ArgumentParser:
+    """The top-level parser: one subparser per command, which only names it (its module parses its arguments)."""
+    parser = argparse.ArgumentParser(
+        prog="trl-emo", description="EMO, GEM and friends as TRL losses: train, evaluate, try.", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
+    for name, (_, help_text, _) in COMMANDS.items():
+        aliases = [alias for alias, target in ALIASES.items() if target == name]
+        subparsers.add_parser(name, help=help_text, add_help=False, aliases=aliases)
+    return parser
 
+
+# -- trl-emo losses ----------------------------------------------------------------------------------------------------
+
+
+def make_losses_parser(subparsers=None, prog: str | None = None):
+    kwargs = dict(description="List the registered loss types (SFTConfig.loss_type) and their fields.")
+    if subparsers is not None:
+        return subparsers.add_parser("losses", help=COMMANDS["losses"][1], **kwargs)
+    return argparse.ArgumentParser(prog=prog or "trl-emo losses", **kwargs)
+
+
+def losses_main(args) -> int:
     from .losses import get_loss, list_losses
     from .losses.registry import TRL_LOSS_TYPES
-
-    argparse.ArgumentParser(
-        prog="trl-emo losses", description="List the registered loss types (SFTConfig.loss_type) and their fields."
-    ).parse_args(argv)
 
     for name in list_losses():
         if name in TRL_LOSS_TYPES and name != "nll":
@@ -40,21 +69,28 @@ def _losses(argv) -> int:
     return 0
 
 
-def _recipes(argv) -> int:
-    import argparse
+# -- trl-emo recipes ---------------------------------------------------------------------------------------------------
 
-    from .recipe_catalog import RecipeNotFound, copy_recipe, describe, packaged_recipe, recipe_names
 
-    parser = argparse.ArgumentParser(
-        prog="trl-emo recipes",
-        description="List the recipes shipped with trl_emo (use one with --recipe NAME), or copy one out to edit it.",
+def make_recipes_parser(subparsers=None, prog: str | None = None):
+    kwargs = dict(
+        description="List the recipes shipped with trl_emo (use one with --recipe NAME), or copy one out to edit it."
     )
-    sub = parser.add_subparsers(dest="action")
-    copy = sub.add_parser("copy", help="write a packaged recipe to a file (default: ./NAME.yaml) for editing")
+    if subparsers is not None:
+        parser = subparsers.add_parser("recipes", help=COMMANDS["recipes"][1], **kwargs)
+    else:
+        parser = argparse.ArgumentParser(prog=prog or "trl-emo recipes", **kwargs)
+    actions = parser.add_subparsers(dest="action")
+    copy = actions.add_parser("copy", help="write a packaged recipe to a file (default: ./NAME.yaml) for editing")
     copy.add_argument("name", help="recipe name, e.g. gem_ultrafeedback or accelerate/zero2")
     copy.add_argument("dest", nargs="?", default=None, help="file or existing folder to write to (default: .)")
     copy.add_argument("--force", action="store_true", help="overwrite an existing file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def recipes_main(args) -> int:
+    from .recipe_catalog import RecipeNotFound, copy_recipe, describe, packaged_recipe, recipe_names
+
     if args.action == "copy":
         try:
             target = copy_recipe(args.name, args.dest, force=args.force)
@@ -70,31 +106,38 @@ def _recipes(argv) -> int:
     return 0
 
 
+def _command(name: str):
+    """(make_parser, main) of a command."""
+    if name == "losses":
+        return make_losses_parser, losses_main
+    if name == "recipes":
+        return make_recipes_parser, recipes_main
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.make_parser, module.main
+
+
 def main(argv=None) -> int:
+    from .cli_utils import run_command
     from .noise import quiet_optional_packages
 
     quiet_optional_packages()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "sft":
-        from .sft import main as run
-    elif command == "dpo":
-        from .dpo import main as run
-    elif command in ("eval", "evaluate"):
-        from .evaluation.cli import main as run
-    elif command == "demo":
-        from .demo import main as run
-    elif command == "losses":
-        run = _losses
-    elif command == "recipes":
-        run = _recipes
-    else:
-        print(f"trl-emo: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    parser = make_parser()
+    if not argv:
+        parser.print_help()
         return 2
-    return run(rest)
+    try:
+        # argparse picks the command (or prints the help, or an "invalid choice" error); the command parses the rest.
+        namespace, _ = parser.parse_known_args(argv[:1])
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code
+    if namespace.command is None:
+        parser.print_usage(sys.stderr)
+        print(f"trl-emo: error: the first argument must be a command, got {argv[0]!r}", file=sys.stderr)
+        return 2
+    name = ALIASES.get(namespace.command, namespace.command)
+    make_command_parser, command_main = _command(name)
+    return run_command(lambda: make_command_parser(prog=f"trl-emo {name}"), command_main, argv[1:], COMMANDS[name][2])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""Command-line parsing shared by `trl_emo.sft`, `trl_emo.dpo` and `trl_emo.evaluate`.
+"""What the commands (`trl_emo.sft`, `trl_emo.dpo`, `trl_emo.evaluate`, `trl-emo demo`) share for their command line.
 
-All of them are built on TRL's `TrlParser` (YAML file + CLI flags, CLI wins). This module only adds
-what TrlParser lacks: `--recipe` as an alias of `--config` that also takes the name of a packaged
-recipe, clear errors for a missing file, a file that is not a YAML mapping, or an unknown key (with
-the closest valid names), the record of which fields the user set explicitly, deprecated field names
-translated (so a flag under either name wins), and dry runs that do not need a GPU.
+The recipe-driven commands parse with `trl_emo.cli_parser.CommandParser`, TRL's `TrlParser` (YAML file + CLI flags,
+CLI wins) plus what it lacks: `--recipe` as an alias of `--config` that also takes the name of a packaged recipe,
+clear errors for a missing file, a file that is not a YAML mapping, or an unknown key (with the closest valid
+names), the record of which fields the user set explicitly (`CommandLine`), deprecated field names translated (so a
+flag under either name wins), and dry runs that do not need a GPU. This module holds the light pieces (no TRL
+import): the errors, the recipe-reading helpers, `CommandLine`, `run_command` (parse, then the command's `main`,
+with exit statuses) and the helpers that print configurations.
 """
 
 from __future__ import annotations
@@ -158,66 +160,13 @@ RECIPE_HELP = (
 )
 
 
-def _parse_once(dataclass_types, argv, extra_known, prog=None, description=None):
-    import argparse
-
-    from trl import TrlParser
-
-    from .recipe_catalog import RecipeNotFound, resolve_recipe
-
-    known = _known_fields(dataclass_types)
-    renames = _renames(known)
-    accepted = known | set(renames) | {"env", *extra_known}
-    argv = _rename_flags(list(argv), renames, known)
-    parser = TrlParser(
-        list(dataclass_types),
-        prog=prog,
-        description="\n\n".join(filter(None, (description, RECIPE_HELP))),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    # TRL's configs default the deprecated name (`gradient_checkpointing=True`), which makes transformers warn
-    # about a value nobody wrote: the same default goes under the new name.
-    defaults = {new: _field_default(dataclass_types, old) for old, new in renames.items() if old in RENAMED_FIELDS}
-    parser.set_defaults_with_config(**{key: value for key, value in defaults.items() if value is not None})
-    config, recipe = {}, None
-    if "--config" in argv:
-        index = argv.index("--config")
-        if index + 1 >= len(argv):
-            raise ConfigError("--recipe/--config needs a file path or the name of a packaged recipe.")
-        try:
-            recipe = resolve_recipe(argv[index + 1])
-        except RecipeNotFound as exc:
-            raise ConfigError(str(exc)) from None
-        del argv[index : index + 2]
-        config = load_yaml_mapping(recipe)
-        unknown = [key for key in config if key not in accepted]
-        if unknown:
-            raise ConfigError(unknown_key_message(unknown, known, f"recipe {recipe}"))
-        clashes = [f"{old!r} and {new!r}" for old, new in renames.items() if old in config and new in config]
-        if clashes:
-            raise ConfigError(f"Recipe {recipe} sets both {', '.join(clashes)} (the same setting); keep one.")
-        config = {renames.get(key, key): value for key, value in config.items()}
-        # As TrlParser does: the recipe's `env` mapping goes to the environment, the rest become defaults.
-        env = config.pop("env", None) or {}
-        if not isinstance(env, dict):
-            raise ConfigError(f"`env` in recipe {recipe} must be a mapping of variable: value.")
-        for key, value in env.items():
-            os.environ[str(key)] = str(value)
-        for key in extra_known:
-            config.pop(key, None)
-        parser.set_defaults_with_config(**config)
-    try:
-        values = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as exc:
-        # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
-        raise ConfigError(str(exc)) from exc
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            raise  # --help: argparse printed it; exit 0 as every command-line tool does
-        # argparse already printed its message (unknown flag, bad value); turn it into an error
-        # the caller can catch, and keep the exit status.
-        raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
-    return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
+def check_parsed(args, command: str) -> None:
+    """A command's `main` takes the parsed command line; a list of strings there is a caller's mistake worth naming."""
+    if not isinstance(args, CommandLine):
+        raise TypeError(
+            f"{command}.main() takes the parsed command line (`make_parser().parse_command_line(argv)`), got "
+            f"{type(args).__name__}; `{command}.run(argv)` parses and runs."
+        )
 
 
 def parse_command_line(
@@ -227,32 +176,36 @@ def parse_command_line(
     prog: str | None = None,
     description: str | None = None,
 ) -> CommandLine:
-    """Parse `argv` (a recipe plus flags; flags win) into instances of `dataclass_types` with TRL's `TrlParser`.
+    """`CommandParser(dataclass_types, ...).parse_command_line(argv)` (`trl_emo.cli_parser`): a recipe plus flags
+    (flags win) parsed into instances of `dataclass_types`. `extra_known` names recipe keys consumed elsewhere; `prog`
+    and `description` head the `--help` text."""
+    from .cli_parser import CommandParser
 
-    `--recipe` takes a file or the name of a packaged recipe. `extra_known` names recipe keys consumed elsewhere.
-    A `--dry_run` on a machine without a GPU gets past transformers' bf16 check (it loads no model); training with
-    `bf16: true` there is a one-line error. `prog` and `description` head the `--help` text.
+    parser = CommandParser(dataclass_types, extra_known=extra_known, prog=prog, description=description)
+    return parser.parse_command_line(argv)
+
+
+def run_command(make_parser, main, argv: Sequence[str] | None = None, error_prefix: str = "") -> int:
+    """Parse `argv` (default `sys.argv[1:]`) with `make_parser()` and run `main` on the result; the exit status.
+
+    The notices of unused optional packages are held back before anything is imported (`trl_emo.noise`). An unusable
+    command line is a one-line error on stderr (status 2); `--help` prints the help (status 0).
     """
-    argv = normalize_argv(argv)
-    extra_known = tuple(extra_known)
+    from .noise import quiet_optional_packages
+
+    quiet_optional_packages()
+    parser = make_parser()
     try:
-        return _parse_once(dataclass_types, argv, extra_known, prog, description)
+        if hasattr(parser, "parse_command_line"):
+            args = parser.parse_command_line(argv)
+        else:
+            args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except ConfigError as exc:
-        if BF16_WITHOUT_GPU not in str(exc):
-            raise
-        error = exc
-    # Only `use_cpu` lets transformers accept bf16 without a GPU; parse again with it to see if this is a dry run.
-    parsed = _parse_once(dataclass_types, [*argv, "--use_cpu", "true"], extra_known, prog, description)
-    if not any(getattr(values, "dry_run", False) is True for values in parsed.values):
-        raise ConfigError(
-            "bf16 is on but this machine has no GPU that supports it: train on a GPU, "
-            "or pass --bf16 false to train in float32 on the CPU (a --dry_run works here as it is)."
-        ) from error
-    parsed.notes.append(
-        "no GPU here: bf16 was checked as if --use_cpu true (a dry run loads no model); training with this "
-        "configuration needs a GPU, or --bf16 false"
-    )
-    return parsed
+        print(f"{error_prefix}: error: {exc}" if error_prefix else f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help (0), or an error argparse already printed (2)
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+    return main(args)
 
 
 def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):

@@ -18,36 +18,45 @@ from pathlib import Path
 
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
 DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/recipe_catalog.py)
+DEFAULTS = dict(max_steps=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=48)  # max_steps: the recipe's
 # `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
 QUICK = dict(max_steps=3, num_prompts=2, samples_per_prompt=2, max_new_tokens=8)
 MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="trl-emo demo", description=__doc__.split("\n\n")[0])
+def make_parser(subparsers=None, prog: str | None = None):
+    """The command's parser; with `subparsers`, registered there as `demo`."""
+    kwargs = dict(description=__doc__.split("\n\n")[0])
+    if subparsers is not None:
+        parser = subparsers.add_parser("demo", help="GEM vs cross-entropy on a tiny model, offline", **kwargs)
+    else:
+        parser = argparse.ArgumentParser(prog=prog or "trl-emo demo", **kwargs)
     parser.add_argument("--output_dir", default="trl_emo_demo", help="Where the data, models and summary go.")
     parser.add_argument("--losses", default="nll,gem", help="Comma-separated loss types to compare (first is the baseline).")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="Training recipe shared by every run: a packaged recipe's "
                         "name or a YAML file (default: the packaged `demo`).")
+    # `None`: the default below, or `--quick`'s; a value given explicitly always wins.
     parser.add_argument("--max_steps", type=int, default=None, help="Override the recipe's number of steps.")
-    parser.add_argument("--num_prompts", type=int, default=16, help="Held-out prompts to sample answers for.")
-    parser.add_argument("--samples_per_prompt", type=int, default=4, help="Sampled answers per prompt (diversity).")
-    parser.add_argument("--max_new_tokens", type=int, default=48)
+    parser.add_argument("--num_prompts", type=int, default=None, help=f"Held-out prompts to sample answers for (default {DEFAULTS['num_prompts']}).")
+    parser.add_argument("--samples_per_prompt", type=int, default=None,
+                        help=f"Sampled answers per prompt, for diversity (default {DEFAULTS['samples_per_prompt']}).")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help=f"default {DEFAULTS['max_new_tokens']}")
     parser.add_argument("--quick", action="store_true", help="Smoke test of the installation: "
                         + ", ".join(f"--{k} {v}" for k, v in QUICK.items()) + " (the numbers mean nothing).")
     parser.add_argument("--overwrite", action="store_true", help="Retrain even when a finished run is cached.")
-    args = parser.parse_args(argv)
-    if args.quick:  # new defaults: flags given explicitly still win
-        parser.set_defaults(**QUICK)
-        args = parser.parse_args(argv)
-    args.losses = [name.strip() for name in args.losses.split(",") if name.strip()]
-    from .recipe_catalog import RecipeNotFound, resolve_recipe
+    return parser
 
-    try:
-        args.recipe = resolve_recipe(args.recipe)
-    except RecipeNotFound as exc:
-        parser.error(str(exc))
-    return args
+
+def resolve_settings(args) -> argparse.Namespace:
+    """The demo's final settings: `--quick`'s values (or the defaults) for what was not given, the loss list split,
+    the recipe found (a packaged name or a file; `RecipeNotFound` otherwise)."""
+    from .recipe_catalog import resolve_recipe
+
+    defaults = QUICK if args.quick else DEFAULTS
+    values = {name: getattr(args, name) if getattr(args, name) is not None else defaults[name] for name in DEFAULTS}
+    values["losses"] = [name.strip() for name in args.losses.split(",") if name.strip()]
+    values["recipe"] = resolve_recipe(args.recipe)
+    return argparse.Namespace(**{**vars(args), **values})
 
 
 def write_data(folder: Path):
@@ -66,8 +75,9 @@ def write_data(folder: Path):
 
 
 def train_one(loss_type, model_path, data_dir, run_dir: Path, recipe, max_steps, overwrite) -> float:
-    """Fine-tune with `loss_type` through `trl_emo.sft`; reuse a finished run with the same settings."""
-    from .sft import main as sft_main
+    """Fine-tune with `loss_type` through the `trl_emo.sft` command, as a user would run it; reuse a finished run
+    with the same settings."""
+    from . import sft
 
     argv = ["--recipe", recipe, "--model_name_or_path", model_path, "--dataset_name", str(data_dir),
             "--loss_type", loss_type, "--output_dir", str(run_dir)]
@@ -80,7 +90,7 @@ def train_one(loss_type, model_path, data_dir, run_dir: Path, recipe, max_steps,
         return json.loads(stamp.read_text())["seconds"]
     print(f"[demo] {loss_type}: training ...", flush=True)
     start = time.time()
-    status = sft_main(argv)
+    status = sft.run(argv)
     if status:
         raise SystemExit(status)
     seconds = time.time() - start
@@ -94,17 +104,17 @@ def evaluate_one(run_dir: Path, test_rows, num_prompts, samples_per_prompt, max_
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ._trl_compat import prepare_sft_examples
     from .config import SFTConfig
     from .data import alpaca_prompt, format_example
     from .evaluation.metrics import ngram_diversity, self_bleu_diversity
-    from .sft import prepare_examples
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     model = AutoModelForCausalLM.from_pretrained(run_dir, dtype=torch.float32).eval()
     formatted = Dataset.from_list([format_example(r, "alpaca", "alpaca") for r in test_rows])
     args = SFTConfig(output_dir=str(run_dir / "eval"), use_cpu=True, bf16=False, report_to="none", max_length=256,
                      activation_checkpointing=False)
-    prepared = prepare_examples(formatted, tokenizer, args, len(formatted))
+    prepared = prepare_sft_examples(formatted, tokenizer, args, len(formatted))
 
     nll_sum = entropy_sum = count = 0.0
     with torch.no_grad():
@@ -157,12 +167,18 @@ def format_table(results: dict, seconds: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(args) -> int:
+    """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
     from .noise import quiet_optional_packages
+    from .recipe_catalog import RecipeNotFound
 
     quiet_optional_packages()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args = resolve_settings(args)
+    except RecipeNotFound as exc:
+        print(f"trl-emo demo: error: {exc}", file=sys.stderr)
+        return 2
     from .tiny import save_tiny_causal_lm
 
     start = time.time()
@@ -200,5 +216,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def run(argv=None) -> int:
+    """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status."""
+    from .cli_utils import run_command
+
+    return run_command(make_parser, main, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -1,6 +1,6 @@
 """`python -m trl_emo.evaluate --recipe eval.yaml`: see docs/evaluation.md."""
 
-from trl_emo.evaluation.cli import main
+from trl_emo.evaluation.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

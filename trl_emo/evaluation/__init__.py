@@ -4,9 +4,11 @@ Tasks (`tasks/`, one module each, registered by name): `bon` (best-of-n with a r
 diversity and GSM8K metrics), `ifeval` (lm-eval's IFEval checkers, via `ifeval_checkers`),
 `math` (MATH with math-verify equivalence, via `math_answers`). Shared machinery: `config` (EvalConfig), `prompts` (prompt sets),
 `generation` (HF generate / vLLM), `scoring` (reward model), `metrics` (pure metric functions),
-`embeddings` (all-MiniLM-L6-v2), `loading` (devices, dtypes, LoRA adapters), `cache` (JSONL
-cache and resume), `report` (summary.json / summary.md / figures), `pipeline` (the whole run,
-calling the task's hooks), `cli` (`main`).
+`embeddings` (all-MiniLM-L6-v2), `loading` (devices, dtypes, and evaluation errors around
+`trl_emo.sources`, which loads models and LoRA adapters for training and evaluation alike), `cache`
+(JSONL cache and resume), `report` (summary.json / summary.md / figures), `pipeline` (the whole run,
+calling the task's hooks), `cli` (`make_parser`, `main`, `run`). Prompt sets are read by
+`trl_emo.data.loading` and rendered in training's prompt formats.
 """
 
 from .config import EvalConfig, EvaluationError

@@ -1,38 +1,64 @@
-"""`python -m trl_emo.evaluate` / `trl-emo eval`: evaluate several models side by side on one task."""
+"""`python -m trl_emo.evaluate` / `trl-emo eval`: evaluate several models side by side on one task.
+
+In the shape of TRL's scripts: `make_parser(subparsers=None)` and `main(args)` on the parsed command line (a recipe
+and flags into one `EvalConfig`); `run(argv)` does both and returns the exit status.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from ..cli_utils import ConfigError, parse_config
+from ..cli_utils import CommandLine, ConfigError, check_parsed, run_command
 from .config import EvalConfig, EvaluationError
 
+NAME = "trl_emo.evaluate"
+HELP = "Evaluate several models side by side on one task (best-of-n by default); --list_tasks lists the tasks."
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse a recipe (`--recipe FILE`) and flags, run or resume the evaluation, print the table.
 
-    Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
-    `--list_tasks` prints the registered tasks and exits.
-    """
-    from ..noise import quiet_optional_packages
+class ListTasks(argparse.Action):
+    """`--list_tasks`: print the registered tasks and exit, like `--help` (before the configuration is checked)."""
 
-    quiet_optional_packages()
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--list_tasks" in argv:
+    def __call__(self, parser, namespace, values, option_string=None):
         from .tasks import get_task, task_names
 
         for name in task_names():
-            task = get_task(name)
-            print(f"{name:<12} {task.title}")
-        return 0
+            print(f"{name:<12} {get_task(name).title}")
+        parser.exit(0)
+
+
+def make_parser(subparsers=None, prog: str | None = None):
+    """The command's parser (`trl_emo.cli_parser.CommandParser` over `EvalConfig`); with `subparsers`, registered
+    there as `eval`."""
+    from ..cli_parser import command_parser
+
+    parser = command_parser(
+        (EvalConfig,), subparsers, name="eval", help="evaluate models side by side (best-of-n by default)",
+        prog=prog or f"{NAME} (trl-emo eval)", description=HELP,
+    )
+    parser.add_argument(
+        "--list_tasks", action=ListTasks, nargs=0, default=argparse.SUPPRESS, help="Print the tasks and exit."
+    )
+    return parser
+
+
+def main(args: CommandLine) -> int:
+    """Run or resume the evaluation of a parsed command line and print the table.
+
+    Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
+    """
+    from ..noise import quiet_optional_packages
+    from ..sources import SourceError
+
+    check_parsed(args, NAME)
+    quiet_optional_packages()
+    (config,) = args.values
     try:
-        (config,) = parse_config([EvalConfig], argv)
         from .pipeline import run_evaluation
 
         run_evaluation(config)
-    except (ConfigError, EvaluationError) as exc:
+    except (ConfigError, EvaluationError, SourceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with open(f"{config.output_dir}/summary.md", encoding="utf-8") as handle:
@@ -44,5 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status. `--list_tasks` prints the tasks."""
+    return run_command(make_parser, main, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -1,0 +1,153 @@
+"""`CommandParser`: the parser of the recipe-driven commands (`trl_emo.sft`, `trl_emo.dpo`, `trl_emo.evaluate`).
+
+A subclass of TRL's `TrlParser`, so a command's `make_parser(subparsers=None)` looks like TRL's scripts'; kept apart
+from `cli_utils` because importing TRL is slow and the light helpers there are imported everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable, Sequence
+
+from trl import TrlParser
+
+from .cli_utils import (
+    BF16_WITHOUT_GPU,
+    RECIPE_HELP,
+    RENAMED_FIELDS,
+    CommandLine,
+    ConfigError,
+    _field_default,
+    _given_flags,
+    _known_fields,
+    _rename_flags,
+    _renames,
+    load_yaml_mapping,
+    normalize_argv,
+    unknown_key_message,
+)
+
+
+class CommandParser(TrlParser):
+    """TRL's `TrlParser` (a YAML recipe and flags, flags win) with what it lacks: `--recipe` as an alias of
+    `--config` that also takes the name of a packaged recipe; clear errors for a missing file, a file that is not a
+    YAML mapping, an unknown key (with the closest valid names) or a bad value; the record of which fields the
+    user set; deprecated field names translated (a flag under either name wins); dry runs without a GPU.
+
+    `parse_command_line(argv)` returns a `CommandLine`; `parse_args_and_config(argv)` returns the dataclass
+    instances, as TRL's does. Parsing leaves the parser as it was, so one parser serves several command lines.
+    """
+
+    def __init__(self, dataclass_types=None, extra_known: Iterable[str] = (), **kwargs):
+        if dataclass_types:
+            kwargs["description"] = "\n\n".join(filter(None, (kwargs.get("description"), RECIPE_HELP)))
+            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(dataclass_types, **kwargs)
+        self.extra_known = tuple(extra_known)
+        known = _known_fields(self.dataclass_types)
+        self._renames = _renames(known)
+        # TRL's configs default the deprecated name (`gradient_checkpointing=True`), which makes transformers warn
+        # about a value nobody wrote: the same default goes under the new name.
+        defaults = {
+            new: _field_default(self.dataclass_types, old)
+            for old, new in self._renames.items()
+            if old in RENAMED_FIELDS
+        }
+        self.set_defaults_with_config(**{key: value for key, value in defaults.items() if value is not None})
+
+    def parse_args_and_config(self, args=None, return_remaining_strings=False, **kwargs):
+        if return_remaining_strings:  # TRL's own command-line launcher asks for this
+            return super().parse_args_and_config(args, return_remaining_strings=True, **kwargs)
+        return self.parse_command_line(args).values
+
+    def parse_command_line(self, argv: Sequence[str] | None = None) -> CommandLine:
+        """Parse `argv` (default `sys.argv[1:]`; a recipe plus flags, flags win) into a `CommandLine`.
+
+        A `--dry_run` on a machine without a GPU gets past transformers' bf16 check (it loads no model); training
+        with `bf16: true` there is a one-line error.
+        """
+        argv = normalize_argv(argv)
+        try:
+            return self._parse_once(argv)
+        except ConfigError as exc:
+            if BF16_WITHOUT_GPU not in str(exc):
+                raise
+            error = exc
+        # Only `use_cpu` lets transformers accept bf16 without a GPU; parse again with it to see if this is a
+        # dry run.
+        parsed = self._parse_once([*argv, "--use_cpu", "true"])
+        if not any(getattr(values, "dry_run", False) is True for values in parsed.values):
+            raise ConfigError(
+                "bf16 is on but this machine has no GPU that supports it: train on a GPU, "
+                "or pass --bf16 false to train in float32 on the CPU (a --dry_run works here as it is)."
+            ) from error
+        parsed.notes.append(
+            "no GPU here: bf16 was checked as if --use_cpu true (a dry run loads no model); training with this "
+            "configuration needs a GPU, or --bf16 false"
+        )
+        return parsed
+
+    def _parse_once(self, argv: list[str]) -> CommandLine:
+        # The recipe becomes the parser's defaults for this parse only.
+        saved = [(action, action.default, action.required) for action in self._actions]
+        try:
+            return self._parse_with_recipe(argv)
+        finally:
+            for action, default, required in saved:
+                action.default, action.required = default, required
+
+    def _parse_with_recipe(self, argv: list[str]) -> CommandLine:
+        from .recipe_catalog import RecipeNotFound, resolve_recipe
+
+        known = _known_fields(self.dataclass_types)
+        renames = self._renames
+        accepted = known | set(renames) | {"env", *self.extra_known}
+        argv = _rename_flags(list(argv), renames, known)
+        config, recipe = {}, None
+        if "--config" in argv:
+            index = argv.index("--config")
+            if index + 1 >= len(argv):
+                raise ConfigError("--recipe/--config needs a file path or the name of a packaged recipe.")
+            try:
+                recipe = resolve_recipe(argv[index + 1])
+            except RecipeNotFound as exc:
+                raise ConfigError(str(exc)) from None
+            del argv[index : index + 2]
+            config = load_yaml_mapping(recipe)
+            unknown = [key for key in config if key not in accepted]
+            if unknown:
+                raise ConfigError(unknown_key_message(unknown, known, f"recipe {recipe}"))
+            clashes = [f"{old!r} and {new!r}" for old, new in renames.items() if old in config and new in config]
+            if clashes:
+                raise ConfigError(f"Recipe {recipe} sets both {', '.join(clashes)} (the same setting); keep one.")
+            config = {renames.get(key, key): value for key, value in config.items()}
+            # As TrlParser does: the recipe's `env` mapping goes to the environment, the rest become defaults.
+            env = config.pop("env", None) or {}
+            if not isinstance(env, dict):
+                raise ConfigError(f"`env` in recipe {recipe} must be a mapping of variable: value.")
+            for key, value in env.items():
+                os.environ[str(key)] = str(value)
+            for key in self.extra_known:
+                config.pop(key, None)
+            self.set_defaults_with_config(**config)
+        try:
+            values = self.parse_args_into_dataclasses(args=argv)
+        except ValueError as exc:
+            # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
+            raise ConfigError(str(exc)) from exc
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                raise  # --help: argparse printed it; exit 0 as every command-line tool does
+            # argparse already printed its message (unknown flag, bad value); turn it into an error
+            # the caller can catch, and keep the exit status.
+            raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
+        return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
+
+
+def command_parser(dataclass_types, subparsers=None, name: str | None = None, help: str | None = None, **kwargs):  # noqa: A002
+    """A `CommandParser` for `dataclass_types`; with `subparsers`, registered there as the command `name` (the
+    subparsers must come from `add_subparsers(parser_class=CommandParser)`, as TRL's scripts expect a `TrlParser`)."""
+    if subparsers is not None:
+        return subparsers.add_parser(name, help=help, dataclass_types=dataclass_types, **kwargs)
+    return CommandParser(dataclass_types, **kwargs)

@@ -1,0 +1,109 @@
+"""What `--dry_run` prints: the final configuration of a run (`trl_emo.run_config`) and a few training examples as the
+model will read them, without loading the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from .cli_utils import dump_sections, non_default_fields
+
+MASK_OPEN, MASK_CLOSE = "«", "»"
+
+
+def format_sft_configuration(run) -> str:
+    """The loss fields first (the selected loss's hyper-parameters only), then every section of the recipe: script and
+    data arguments in full, model and training arguments where they differ from the defaults."""
+    from .losses import get_loss
+    from .losses.registry import TRL_LOSS_TYPES
+
+    training_args = run.training_args
+    loss_fields = ["loss_type", "loss_implementation"]
+    if training_args.loss_type not in TRL_LOSS_TYPES:
+        spec = get_loss(training_args.loss_type)
+        loss_fields += list(spec.config_fields.values())
+        if spec.uses_cost_embedding:
+            loss_fields.append("emo_cost_embedding")
+    return dump_sections(
+        {
+            "loss": {name: getattr(training_args, name) for name in loss_fields},
+            "script": dataclasses.asdict(run.script_args),
+            "data": dataclasses.asdict(run.data_args),
+            "model": non_default_fields(run.model_args),
+            "training (non-default fields)": {
+                k: v for k, v in non_default_fields(training_args).items() if k not in loss_fields and not k.startswith("_")
+            },
+        }
+    )
+
+
+def render_masked(tokenizer, input_ids, labels) -> str:
+    """The example's text with every span that gets no loss wrapped in « »."""
+    pieces, current, masked = [], [], None
+    for token, label in zip(input_ids, labels):
+        is_masked = label == -100
+        if masked is not None and is_masked != masked:
+            pieces.append((masked, current))
+            current = []
+        masked = is_masked
+        current.append(token)
+    if current:
+        pieces.append((masked, current))
+    text = ""
+    for is_masked, ids in pieces:
+        chunk = tokenizer.decode(ids, skip_special_tokens=False)
+        text += f"{MASK_OPEN}{chunk}{MASK_CLOSE}" if is_masked else chunk
+    return text
+
+
+def print_sft_dry_run(run, out=None):
+    """The configuration of an `SFTRun`, then `run_args.dry_run_examples` training examples tokenized and labelled
+    exactly as TRL's trainer will (the part without loss in « »). Returns the prepared examples."""
+    from ._trl_compat import prepare_sft_examples
+
+    out = out or sys.stdout
+    print("# trl_emo.sft --dry_run: resolved configuration", file=out)
+    for note in run.notes:
+        print(f"# note: {note}", file=out)
+    print(format_sft_configuration(run), file=out)
+    print(f"# {run.info.summary()}", file=out)
+    prepared = prepare_sft_examples(run.train_dataset, run.tokenizer, run.training_args, run.run_args.dry_run_examples)
+    print(f"# {len(prepared)} formatted training example(s); text inside {MASK_OPEN}...{MASK_CLOSE} is masked (no loss)", file=out)
+    for i, row in enumerate(prepared):
+        n_trained = sum(label != -100 for label in row["labels"])
+        print(f"\n--- example {i} ({len(row['input_ids'])} tokens, {n_trained} trained) ---", file=out)
+        print(render_masked(run.tokenizer, row["input_ids"], row["labels"]), file=out)
+    return prepared
+
+
+def _render(tokenizer, messages_or_text, prompt=None) -> str:
+    if isinstance(messages_or_text, str):
+        return messages_or_text
+    if prompt is None:
+        return tokenizer.apply_chat_template(messages_or_text, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(prompt + messages_or_text, tokenize=False)
+    head = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return full[len(head):] if full.startswith(head) else full
+
+
+def print_dpo_dry_run(run, out=None) -> None:
+    """The configuration of a `DPORun`, then `run_args.dry_run_examples` preference pairs as the model will read
+    them."""
+    sections = {
+        "script": dataclasses.asdict(run.script_args),
+        "data": dataclasses.asdict(run.data_args),
+        "model": non_default_fields(run.model_args),
+        "dpo (non-default fields)": non_default_fields(run.training_args),
+    }
+    out = out or sys.stdout
+    print("# trl_emo.dpo --dry_run: resolved configuration", file=out)
+    for note in run.notes:
+        print(f"# note: {note}", file=out)
+    print(dump_sections(sections), file=out)
+    dataset, tokenizer = run.train_dataset, run.tokenizer
+    for i, row in enumerate(dataset.select(range(min(run.run_args.dry_run_examples, len(dataset))))):
+        prompt = row["prompt"] if not isinstance(row["prompt"], str) else None
+        print(f"--- pair {i} ---", file=out)
+        print(f"[prompt]\n{_render(tokenizer, row['prompt'])}", file=out)
+        print(f"[chosen]\n{_render(tokenizer, row['chosen'], prompt)}", file=out)
+        print(f"[rejected]\n{_render(tokenizer, row['rejected'], prompt)}", file=out)

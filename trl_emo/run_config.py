@@ -1,0 +1,333 @@
+"""The final configuration of a training run, resolved in one function per command.
+
+`resolve_sft_run` and `resolve_dpo_run` take the parsed command line and return everything the trainer gets: the
+arguments as they will be used, the tokenizer, the formatted datasets and the trainer's model-loading arguments.
+Every change made to the parsed arguments (`resume_from_checkpoint` resolved, `assistant_only_loss` turned on for
+conversations or routed through the completion-only loss, `model_init_kwargs` filled from `ModelConfig`) happens in
+those two functions and nowhere else, so `main` reads the final configuration, and `--dry_run` prints it
+(`trl_emo.dry_run`). The commands `trl_emo.sft` and `trl_emo.dpo` are thin layers over this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cli_utils import CommandLine, ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Where DPO keeps an SFT adapter merged into its base model (inside the DPO `output_dir`).
+MERGED_DIR = "sft-merged"
+
+
+@dataclass
+class RunArguments:
+    """
+    Options of the `trl_emo.sft` and `trl_emo.dpo` commands themselves.
+
+    Args:
+        dry_run (`bool`, *optional*, defaults to `False`):
+            Print the resolved configuration and formatted training examples, then exit without loading the model.
+        dry_run_examples (`int`, *optional*, defaults to `3`):
+            Number of training examples `--dry_run` prints.
+    """
+
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Print the resolved configuration and formatted examples, then exit (no model is loaded)."},
+    )
+    dry_run_examples: int = field(default=3, metadata={"help": "Number of examples --dry_run prints."})
+
+
+def sft_dataclass_types() -> tuple:
+    """What a `trl_emo.sft` recipe holds: TRL's `ScriptArguments` and `ModelConfig`, `trl_emo.SFTConfig`,
+    `trl_emo.data.DataArguments` and `RunArguments`, in that order."""
+    from trl import ModelConfig, ScriptArguments
+
+    from .config import SFTConfig
+    from .data import DataArguments
+
+    return (ScriptArguments, SFTConfig, ModelConfig, DataArguments, RunArguments)
+
+
+def dpo_dataclass_types() -> tuple:
+    """What a `trl_emo.dpo` recipe holds: as `sft_dataclass_types`, with TRL's `DPOConfig` for the training fields."""
+    from trl import DPOConfig, ModelConfig, ScriptArguments
+
+    from .data import DataArguments
+
+    return (ScriptArguments, DPOConfig, ModelConfig, DataArguments, RunArguments)
+
+
+def resolve_resume(value):
+    """`true`/`latest` -> True (the last checkpoint in output_dir); a path must exist; `false`/empty -> None."""
+    if value is None or isinstance(value, bool):
+        return value or None
+    text = str(value).strip()
+    if text.lower() in ("", "false", "no", "none", "null"):
+        return None
+    if text.lower() in ("true", "yes", "latest", "last"):
+        return True
+    if not os.path.isdir(text):
+        raise ConfigError(f"resume_from_checkpoint: checkpoint folder not found: {text}")
+    return text
+
+
+def _require(value, message: str) -> None:
+    if value is None:
+        raise ConfigError(message)
+
+
+# -- models ------------------------------------------------------------------------------------------------------------
+
+
+def kbit_device_map():
+    """Each process loads its quantized copy on its own GPU (a k-bit model cannot be moved afterwards)."""
+    import torch
+    from accelerate import PartialState
+
+    if torch.cuda.is_available():
+        return {"": PartialState().local_process_index}
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return {"": f"xpu:{PartialState().local_process_index}"}
+    return None
+
+
+def model_init_kwargs(model_args, training_args) -> tuple[dict, Any]:
+    """The `from_pretrained` keyword arguments TRL's trainers load the model with (TRL's scripts build the same from
+    `ModelConfig`; `training_args.model_init_kwargs` wins), and the quantization config."""
+    from trl import get_quantization_config
+
+    kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    quantization_config = get_quantization_config(model_args)
+    if quantization_config is not None:
+        kwargs["device_map"] = kbit_device_map()
+    kwargs.update(training_args.model_init_kwargs or {})
+    return {k: v for k, v in kwargs.items() if v is not None}, quantization_config
+
+
+def trainer_model_kwargs(model_args, quantization_config) -> dict:
+    """The trainer's `quantization_config` and `peft_config` (TRL's `get_peft_config`)."""
+    from trl import get_peft_config
+
+    return {"quantization_config": quantization_config, "peft_config": get_peft_config(model_args)}
+
+
+def load_training_tokenizer(model_args, training_args):
+    """The model's tokenizer, with the chat template of `chat_template_path` already in place (TRL applies it again
+    inside the trainer; the data formatting and masking checks need to see it first), and a pad token (EOS, as TRL
+    pads when there is none, so that the dry run and the trainer agree)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+    )
+    template_path = training_args.chat_template_path
+    if template_path is not None and os.path.isfile(template_path) and template_path.endswith((".jinja", ".j2")):
+        with open(template_path, encoding="utf-8") as handle:
+            tokenizer.chat_template = handle.read()
+    elif template_path is not None:
+        # TRL clones the template (and its special tokens) from that tokenizer inside SFTTrainer, replacing the
+        # model's own.
+        source = AutoTokenizer.from_pretrained(template_path, trust_remote_code=training_args.trust_remote_code)
+        tokenizer.chat_template = source.chat_template
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# -- SFT ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SFTRun:
+    """The final configuration of a `trl_emo.sft` run: what `--dry_run` prints and the trainer is given.
+
+    Attributes:
+        script_args, training_args, model_args, data_args, run_args: the parsed arguments, as they will be used.
+        tokenizer: the tokenizer the data was formatted with (`processing_class`).
+        train_dataset, eval_dataset: formatted for TRL (`eval_dataset` is None when evaluation is off).
+        info: what the dataset loader found (`trl_emo.data.DatasetInfo`).
+        trainer_kwargs: the trainer's `quantization_config` and `peft_config`.
+        notes: lines worth telling the user (printed by `--dry_run`, logged before training).
+    """
+
+    script_args: Any
+    training_args: Any
+    model_args: Any
+    data_args: Any
+    run_args: RunArguments
+    tokenizer: Any
+    train_dataset: Any
+    eval_dataset: Any
+    info: Any
+    trainer_kwargs: dict
+    notes: list = field(default_factory=list)
+
+
+def resolve_sft_run(args: CommandLine) -> SFTRun:
+    """Resolve a parsed `trl_emo.sft` command line into the run's final configuration.
+
+    In order: required fields checked; `resume_from_checkpoint` resolved; an empty `chat_template_path` unset; the
+    tokenizer loaded (with that template); the datasets loaded and formatted; `assistant_only_loss` turned on for
+    `messages` data unless the user set it, and, when the chat template has no `{% generation %}` markers, the
+    conversations routed through TRL's completion-only loss (`assistant_only_loss` off again, same loss); the eval split
+    checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError` in one line.
+    """
+    from .data import load_sft_datasets
+
+    script_args, training_args, model_args, data_args, run_args = args.values
+    notes = list(args.notes)
+    _require(model_args.model_name_or_path, "model_name_or_path is required (in the recipe or as --model_name_or_path).")
+    _require(
+        script_args.dataset_name,
+        "dataset_name is required (a Hub id or a local file/folder; in the recipe or as --dataset_name).",
+    )
+    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
+    training_args.chat_template_path = training_args.chat_template_path or None  # `--chat_template_path ""` unsets it
+
+    tokenizer = load_training_tokenizer(model_args, training_args)
+    train_dataset, eval_dataset, info = load_sft_datasets(script_args, data_args, tokenizer)
+
+    if info.assistant_only_loss and not training_args.assistant_only_loss and "assistant_only_loss" not in args.explicit:
+        logger.warning(
+            "The dataset is in the `messages` format: setting assistant_only_loss=True (loss on assistant turns "
+            "only; pass --assistant_only_loss false to train on every token)."
+        )
+        training_args.assistant_only_loss = True
+    if training_args.assistant_only_loss and info.output_format in ("prompt_completion", "text"):
+        raise ConfigError(
+            f"assistant_only_loss=True needs conversations, but the dataset was formatted as {info.output_format} "
+            "(no chat template); pass --assistant_only_loss false (prompt/completion data is masked anyway)."
+        )
+    if training_args.assistant_only_loss:
+        from ._trl_compat import template_masks_assistant_turns
+        from .data.chat_masking import route_conversations
+
+        if info.output_format == "messages":
+            template_source = training_args.chat_template_path or model_args.model_name_or_path
+            train_dataset, eval_dataset, routed = route_conversations(train_dataset, eval_dataset, tokenizer, template_source)
+        else:  # conversational prompt/completion: TRL's completion-only loss already masks the prompt
+            routed = not template_masks_assistant_turns(tokenizer)
+        if routed and training_args.completion_only_loss is False:
+            raise ConfigError(
+                "The chat template has no {% generation %} markers, so the assistant-only loss goes through TRL's "
+                "completion-only loss, which completion_only_loss=false turns off; drop one of the two settings."
+            )
+        if routed:
+            # The same loss through TRL's completion-only masking, which needs no template markers.
+            training_args.assistant_only_loss = False
+            info.output_format = "conversational_prompt_completion"
+            notes.append(
+                "the chat template has no {% generation %} markers: each conversation (one final assistant turn) "
+                "trains as conversational prompt/completion, the prompt masked by TRL's completion-only loss"
+            )
+    info.assistant_only_loss = training_args.assistant_only_loss
+    if training_args.eval_strategy != "no" and eval_dataset is None:
+        raise ConfigError(
+            f"eval_strategy={training_args.eval_strategy!s} but the dataset has no {script_args.dataset_test_split!r} "
+            "split; set dataset_test_split to an existing split or eval_strategy to 'no'."
+        )
+    if training_args.eval_strategy == "no":
+        eval_dataset = None
+
+    training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
+    return SFTRun(
+        script_args, training_args, model_args, data_args, run_args, tokenizer, train_dataset, eval_dataset, info,
+        trainer_model_kwargs(model_args, quantization_config), notes,
+    )
+
+
+# -- DPO ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DPORun:
+    """The final configuration of a `trl_emo.dpo` run (see `SFTRun`); `policy` is the model DPO starts from: the SFT
+    model itself, or its adapter merged into the base (`<output_dir>/sft-merged`; not merged by a dry run)."""
+
+    script_args: Any
+    training_args: Any
+    model_args: Any
+    data_args: Any
+    run_args: RunArguments
+    policy: str
+    tokenizer: Any
+    train_dataset: Any
+    eval_dataset: Any
+    trainer_kwargs: dict
+    notes: list = field(default_factory=list)
+
+
+def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_remote_code: bool) -> str:
+    """The folder (or Hub id) DPO starts from: the SFT model itself, or its LoRA/QLoRA adapter merged into the base
+    once (`trl_emo.sources.merge_adapter_to`), so that the DPO reference is the SFT model, not the base."""
+    from . import sources
+
+    if not sources.is_adapter(model_name_or_path):
+        return model_name_or_path
+    from accelerate import PartialState
+
+    target = os.path.join(output_dir, MERGED_DIR)
+    state = PartialState()
+    # One process merges; the others wait, then read the same folder.
+    with state.main_process_first():
+        if state.is_main_process:
+            sources.merge_adapter_to(model_name_or_path, target, dtype, trust_remote_code)
+    return target
+
+
+def resolve_dpo_run(args: CommandLine) -> DPORun:
+    """Resolve a parsed `trl_emo.dpo` command line into the run's final configuration.
+
+    In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located (an adapter
+    merged, except in a dry run); its tokenizer loaded (a pad token added as TRL would); the preference data loaded
+    and formatted; the eval split checked; `model_init_kwargs` filled from `ModelConfig`.
+    """
+    from . import sources
+    from .data import load_dpo_datasets
+
+    script_args, training_args, model_args, data_args, run_args = args.values
+    _require(
+        model_args.model_name_or_path,
+        "model_name_or_path is required: the folder written by trl_emo.sft (model or adapter).",
+    )
+    _require(script_args.dataset_name, "dataset_name is required (e.g. HuggingFaceH4/ultrafeedback_binarized).")
+    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
+    source = model_args.model_name_or_path
+    if sources.locate(source)[0] == "missing":
+        raise ConfigError(f"model_name_or_path not found: {source}")
+    # The SFT folder holds the tokenizer whether it is a model or an adapter; a dry run merges nothing.
+    policy = source
+    if not run_args.dry_run:
+        policy = dpo_starting_model(source, training_args.output_dir, model_args.dtype, training_args.trust_remote_code)
+    tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
+    if training_args.eval_strategy != "no" and eval_dataset is None:
+        raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
+    if training_args.eval_strategy == "no":
+        eval_dataset = None
+    training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
+    return DPORun(
+        script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,
+        trainer_model_kwargs(model_args, quantization_config), list(args.notes),
+    )
+
+
+def save_outputs(trainer, output_dir: str) -> None:
+    """Save the model (or adapter), tokenizer and generation config where DPO and evaluation will read them."""
+    trainer.save_model(output_dir)
+    if trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        # An adapter folder gets the generation config too, so the end-of-turn EOS survives merging.
+        model.generation_config.save_pretrained(output_dir)
