@@ -75,6 +75,7 @@ class SFTTrainer(_TRLSFTTrainer):
                 trust_remote_code=args.trust_remote_code,
                 chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
                 backend=args.fused_backend,
+                fp32_head_grad=args.fused_fp32_head_grad,
             )
             # TRL's own checks only know 'nll' and 'dft'; it builds everything else the same way.
             loss_type, args.loss_type = args.loss_type, "nll"

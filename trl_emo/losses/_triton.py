@@ -27,7 +27,7 @@ undecorated, and the fused path never selects a row kernel.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -161,11 +161,21 @@ class RowLaunch:
     logit_scale: float
     softcap: float | None
     write_grad: bool
-    scratch: list[torch.Tensor] = field(default_factory=list)  # the loss's extra [n, V] buffers
+    scratch: torch.Tensor | None = None  # the loss's extra [rows, V] buffer (`LossSpec.scratch_rows`)
 
     @property
     def rows(self) -> int:
         return self.z.shape[0]
+
+    def part(self, start: int, end: int) -> RowLaunch:
+        """The same launch for rows `start:end` of the chunk."""
+        return replace(
+            self,
+            z=self.z[start:end],
+            targets=self.targets[start:end],
+            target_logits=self.target_logits[start:end],
+            stats=self.stats[:, start:end],
+        )
 
     @property
     def vocab(self) -> int:

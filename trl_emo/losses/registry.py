@@ -39,8 +39,9 @@ class LossSpec:
         row_kernel: optional `rows(launch: RowLaunch, **hparams)`, launching a Triton kernel that
             writes the statistics and `∂ℓ/∂y` of one chunk in place (see `_triton.py`); the
             fused path uses it on CUDA devices when Triton is installed.
-        row_buffers: extra `[n, V]` buffers the row kernel needs (`launch.scratch`), counted in the
-            fused path's memory budget (EMO: one, for its cost products).
+        scratch_rows: rows of an extra `[rows, V]` buffer the row kernel needs per row of the chunk
+            (`launch.scratch`), counted in the fused path's memory budget (EMO: 0.25, its cost
+            products for a quarter of the chunk at a time).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
         uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
             (EMO's transport cost); the trainer builds it from `emo_cost_embedding`.
@@ -53,7 +54,7 @@ class LossSpec:
     per_token: Callable[..., Any]
     chunk_kernel: Callable[..., Any] | None = None
     row_kernel: Callable[..., Any] | None = None
-    row_buffers: int = 0
+    scratch_rows: float = 0.0
     config_fields: Mapping[str, str] = field(default_factory=dict)
     uses_cost_embedding: bool = False
     validate: Callable[[dict], None] | None = None
@@ -71,7 +72,7 @@ def register_loss(
     *,
     chunk_kernel: Callable[..., Any] | None = None,
     row_kernel: Callable[..., Any] | None = None,
-    row_buffers: int = 0,
+    scratch_rows: float = 0.0,
     config_fields: Mapping[str, str] | None = None,
     uses_cost_embedding: bool = False,
     validate: Callable[[dict], None] | None = None,
@@ -99,7 +100,7 @@ def register_loss(
                 per_token=fn,
                 chunk_kernel=chunk_kernel,
                 row_kernel=row_kernel,
-                row_buffers=row_buffers,
+                scratch_rows=scratch_rows,
                 config_fields=dict(config_fields or {}),
                 uses_cost_embedding=uses_cost_embedding,
                 validate=validate,
