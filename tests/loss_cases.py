@@ -22,6 +22,8 @@ VARIANTS = {
     "tailr": [{"gamma": 0.7, "min_weight": 0.2}],
     "mixce": [{"gamma": 0.5}],
     "ce_entropy": [{"coef": 0.3}],
+    "eaft": [{"entropy": "full"}, {"alpha": 0.5, "topk": 5}, {"alpha": 0.0}],
+    "asft": [{"alpha": 1.0}, {"alpha": 0.0}],
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(SFTConfig)}

@@ -88,6 +88,22 @@ class SFTConfig(_TRLSFTConfig):
             MixCE's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         entropy_coef (`float`, *optional*, defaults to `0.1`):
             `lambda` of `ce_entropy`: `nll - lambda * entropy` (the GEM paper's baseline uses 0.1).
+        eaft_alpha (`float`, *optional*, defaults to `1.0`):
+            EAFT's exponent: each token's cross-entropy is weighted by `(H / H_max) ** eaft_alpha` (no gradient through
+            the weight). `0` is plain cross-entropy.
+        eaft_entropy (`str`, *optional*, defaults to `"topk"`):
+            EAFT's entropy `H`: `"topk"`, the entropy of the softmax renormalised over the `eaft_topk` largest logits
+            (`H_max = ln(eaft_topk)`; LLaMA-Factory divides by the constant 3.0 ≈ ln 20 instead), or `"full"`, the
+            full-vocabulary entropy (`H_max = ln(V)`).
+        eaft_topk (`int`, *optional*, defaults to `20`):
+            `k` of `eaft_entropy="topk"` (axolotl's `eaft_k`); at least 2 and at most the vocabulary size.
+        asft_alpha (`float`, *optional*, defaults to `0.1`):
+            ASFT's anchor: `-sg(p_y) log p_y + asft_alpha * KL(pi_ref || pi_theta)` per token. `0` is DFT, and then no
+            reference model is run at all.
+        asft_ref_model (`str`, *optional*):
+            ASFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
+            starting weights (under PEFT, the base model with the adapters disabled, no second copy in memory; in full
+            fine-tuning, a frozen copy loaded once). Only valid with `loss_type="asft"`.
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
@@ -150,6 +166,14 @@ class SFTConfig(_TRLSFTConfig):
     )
     mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
     entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
+    eaft_alpha: float = field(default=1.0, metadata={"help": "EAFT exponent of the normalised entropy (>= 0)."})
+    eaft_entropy: str = field(default="topk", metadata={"help": "EAFT entropy: 'topk' or 'full'."})
+    eaft_topk: int = field(default=20, metadata={"help": "k of EAFT's top-k entropy."})
+    asft_alpha: float = field(default=0.1, metadata={"help": "ASFT weight of KL(reference || model) (>= 0; 0 is DFT)."})
+    asft_ref_model: str | None = field(
+        default=None,
+        metadata={"help": "ASFT reference model (folder or Hub id); default: the model's starting weights."},
+    )
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
@@ -190,6 +214,11 @@ class SFTConfig(_TRLSFTConfig):
         if not isinstance(self.emo_cost_embedding, str) or not self.emo_cost_embedding:
             raise ValueError(
                 f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."
+            )
+        if self.asft_ref_model is not None and self.loss_type != "asft":
+            raise ValueError(
+                f"asft_ref_model is set but loss_type is {self.loss_type!r}: the reference model is only used by "
+                "loss_type='asft'. Remove asft_ref_model or set loss_type: asft."
             )
         if self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
             raise ValueError(f"loss_kwargs must be a mapping, got {type(self.loss_kwargs).__name__}.")

@@ -104,6 +104,8 @@ class SFTTrainer(_TRLSFTTrainer):
                 f"has {vocab} rows, so some labels could not be scored. Resize the model first: "
                 "`model.resize_token_embeddings(len(tokenizer))`."
             )
+        if self._objective.spec.validate_vocab is not None:
+            self._objective.spec.validate_vocab(self._objective.hparams, vocab)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if self._objective is not None and self._objective.needs_cost:

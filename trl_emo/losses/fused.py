@@ -38,7 +38,7 @@ import torch
 from . import _triton
 from ._common import autograd_chunk
 from .precision import accumulate_product_, addmm_float32_, mm_float32
-from .registry import LossSpec
+from .registry import LossSpec, TokenAligned
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ class _Plan:
         has_kernel = self.spec.row_kernel if self.backend == "triton" else self.spec.chunk_kernel
         return self.spec.metrics if has_kernel is not None else ()
 
+    def chunk_hparams(self, start: int, end: int) -> dict:
+        """The loss's keyword arguments for positions `start:end` (per-position inputs sliced)."""
+        return {k: v.rows(start, end) if isinstance(v, TokenAligned) else v for k, v in self.hparams.items()}
+
     def chunk_rows(self, vocab: int, n_tokens: int) -> int:
         if self.chunk_size is not None:
             return self.chunk_size
@@ -166,7 +170,7 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
         if bias is not None:
             z.add_(bias.to(z.dtype))
         plan.transform.apply_(z)
-        result = kernel(z, targets[start:end], needs.any, **plan.hparams)
+        result = kernel(z, targets[start:end], needs.any, **plan.chunk_hparams(start, end))
         stats[0, start:end] = result.values
         stats[1, start:end] = result.nll
         stats[2, start:end] = result.entropy
@@ -244,7 +248,7 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
             write_grad=needs.any,
             scratch=scratch,
         )
-        plan.spec.row_kernel(launch, **plan.hparams)
+        plan.spec.row_kernel(launch, **plan.chunk_hparams(start, end))
         if not needs.any:
             continue
         # `z` now holds ∂ℓ/∂y for the chunk.
@@ -359,8 +363,9 @@ def fused_linear_loss(
     hparams = dict(hparams or {})
     transform = transform or HeadTransform()
     device = hidden.device
-    if hparams.get("cost_embedding") is not None:
-        hparams["cost_embedding"] = hparams["cost_embedding"].to(device)
+    for key, value in hparams.items():
+        if isinstance(value, TokenAligned) or key == "cost_embedding" and value is not None:
+            hparams[key] = value.to(device)
 
     count = hidden.shape[0] if num_items_in_batch is None else num_items_in_batch
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32

@@ -22,6 +22,20 @@ from typing import Any
 TRL_LOSS_TYPES = ("nll", "dft")
 
 
+class TokenAligned:
+    """A hyper-parameter with one entry per target position (ASFT's reference hidden states).
+
+    The fused path hands each chunk its own rows, `rows(start, end)`, and moves it to the loss's
+    device with `to(device)`.
+    """
+
+    def rows(self, start: int, end: int) -> TokenAligned:
+        raise NotImplementedError
+
+    def to(self, device) -> TokenAligned:
+        raise NotImplementedError
+
+
 class UnknownLossError(ValueError):
     """Raised for a `loss_type` nobody registered."""
 
@@ -43,6 +57,11 @@ class LossSpec:
             (`launch.scratch`), counted in the fused path's memory budget (EMO: 0.25, its cost
             products for a quarter of the chunk at a time).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
+        needs_reference: whether `per_token`/`chunk_kernel` take a `reference=` keyword (a
+            reference model's logits, or its hidden states and head as an `asft.ReferenceHead`); the
+            trainer runs the reference model for it.
+        validate_vocab: optional check of the hyper-parameters against the model's vocabulary size,
+            `validate_vocab(hparams, vocab_size)`, called when the trainer is built.
         uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
             (EMO's transport cost); the trainer builds it from `emo_cost_embedding`.
         validate: optional check of the resolved hyper-parameters; raise `ValueError` if bad.
@@ -60,6 +79,8 @@ class LossSpec:
     validate: Callable[[dict], None] | None = None
     description: str = ""
     metrics: tuple[str, ...] = ()
+    needs_reference: bool = False
+    validate_vocab: Callable[[dict, int], None] | None = None
 
 
 _REGISTRY: dict[str, LossSpec] = {}
