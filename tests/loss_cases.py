@@ -19,7 +19,7 @@ VARIANTS = {
         {"weighting": "none"},
         {"weighting": "mle", "ratio_cap": 0.5},
     ],
-    "tailr": [{"gamma": 0.7, "min_weight": 0.2}],
+    "tailr": [{"gamma": 0.7, "min_weight": 0.2}, {"gamma": 0.9, "formula": "authors"}],
     "mixce": [{"gamma": 0.5}],
     "ce_entropy": [{"coef": 0.3}],
     "eaft": [{"entropy": "full"}, {"alpha": 0.5, "topk": 5}, {"alpha": 0.0}],

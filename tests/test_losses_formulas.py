@@ -244,10 +244,10 @@ def test_tailr_and_mixce_formulas(z, y, gamma):
     nll = F.cross_entropy(z, y, reduction="none")
     tailr_w = p_y / (gamma + (1 - gamma) * p_y)
     mixce_w = gamma + (1 - gamma) * p_y
-    assert torch.allclose(tailr_per_token(z, y, gamma, None), tailr_w * nll, atol=1e-12)
+    assert torch.allclose(tailr_per_token(z, y, gamma, None, "paper"), tailr_w * nll, atol=1e-12)
     assert torch.allclose(mixce_per_token(z, y, gamma), mixce_w * nll, atol=1e-12)
     ce_grad = p - one_hot(y)
-    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None), z), tailr_w[:, None] * ce_grad, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None, "paper"), z), tailr_w[:, None] * ce_grad, atol=1e-12)
     assert torch.allclose(grad_of(lambda x: mixce_per_token(x, y, gamma), z), mixce_w[:, None] * ce_grad, atol=1e-12)
 
 
@@ -312,9 +312,9 @@ def test_tailr_weight_floor(z, y):
     nll = F.cross_entropy(z, y, reduction="none")
     weight = (p_y / (0.8 + 0.2 * p_y)).clamp(min=0.2)
     assert (p_y / (0.8 + 0.2 * p_y) < 0.2).any(), "the test needs positions where the floor binds"
-    assert torch.allclose(tailr_per_token(z, y, 0.8, min_weight=0.2), weight * nll, atol=1e-12)
+    assert torch.allclose(tailr_per_token(z, y, 0.8, min_weight=0.2, formula="paper"), weight * nll, atol=1e-12)
     expected = weight[:, None] * (torch.softmax(z.detach(), -1) - one_hot(y))
-    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, 0.8, min_weight=0.2), z), expected, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, 0.8, min_weight=0.2, formula="paper"), z), expected, atol=1e-12)
 
 
 # -- EAFT and ASFT ----------------------------------------------------------------------------
@@ -389,3 +389,24 @@ def test_asft_kl_term_passes_gradcheck(y):
         return asft_per_token(x, y[:4], alpha=1.0, reference=ref) - asft_per_token(x, y[:4], alpha=0.0, reference=ref)
 
     assert torch.autograd.gradcheck(kl_only, (z,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("g", [0.2, 0.5])
+def test_tailr_authors_formula_is_the_emo_repository_mixed_baseline(z, y, g):
+    """The EMO repository's TaiLr baseline at mixing ratio g, written the way its script combines it:
+    g * nll + (1 - g) * tailr(gamma = 1 - g, weight floored at 0.2)."""
+    gamma = 1.0 - g
+    nll = F.cross_entropy(z, y, reduction="none")
+    p_y = torch.softmax(z.detach(), -1).gather(-1, y[:, None]).squeeze(-1)
+    tvd = (p_y / (gamma + (1 - gamma) * p_y)).clamp(min=0.2) * nll
+    expected = g * nll + (1 - g) * tvd
+    ours = tailr_per_token(z, y, gamma, None, "authors")
+    assert torch.allclose(ours, expected, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None, "authors"), z),
+                          grad_of(lambda x: g * F.cross_entropy(x, y, reduction="none")
+                                  + (1 - g) * (p_y / (gamma + (1 - gamma) * p_y)).clamp(min=0.2) * F.cross_entropy(x, y, reduction="none"), z),
+                          atol=1e-12)
+    # ... and a different loss from the floored paper formula at the same gamma (about 75% apart at g = 0.2).
+    paper = grad_of(lambda x: tailr_per_token(x, y, gamma, 0.2, "paper"), z)
+    authors = grad_of(lambda x: tailr_per_token(x, y, gamma, None, "authors"), z)
+    assert float((paper - authors).norm() / authors.norm()) > 0.1

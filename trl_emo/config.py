@@ -74,16 +74,23 @@ class SFTConfig(_TRLSFTConfig):
             default), `"emo"` (`emo + sg(emo / nll) nll`) or `"none"` (the EMO term alone).
         emo_demd (`str`, *optional*, defaults to `"reference"`):
             Value of the EMO term: `"paper"` is the DEMD of the paper (eq. 14); `"reference"` adds `sg(p_y)`, as the
-            authors' code does. The gradient is the same; only the dynamic weight differs.
+            authors' code does. The EMO *term* has the same gradient either way, but the dynamic weights of `"mle"` and
+            `"emo"` weighting read the term's value, so the total gradient differs (by 1% (`mle`) to 21% (`emo`) relative
+            on random float64 logits); with `emo_weighting="none"` the two are identical.
         emo_ratio_cap (`float`, *optional*):
             Upper bound on EMO's dynamic weight (the authors' continual fine-tuning code uses `3.0`). No cap by
             default.
         tailr_gamma (`float`, *optional*, defaults to `0.8`):
             TaiLr's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         tailr_min_weight (`float`, *optional*):
-            Floor on TaiLr's weight `p_y / (gamma + (1 - gamma) p_y)`. None (default) is the EMO paper's eq. 16;
-            the EMO authors' script uses `0.2`. Without a floor, tokens the model finds unlikely get almost no
-            gradient and TaiLr can collapse to a low-entropy model (seen in `docs/oracle_study.md`).
+            Floor on TaiLr's weight `p_y / (gamma + (1 - gamma) p_y)`. None (default) is the EMO paper's eq. 16. Without
+            a floor, tokens the model finds unlikely get almost no gradient and TaiLr can collapse to a low-entropy
+            model (seen in `docs/oracle_study.md`).
+        tailr_formula (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: the EMO paper's eq. 16 (with `tailr_min_weight` if set). `"authors"`: the TaiLr baseline of the
+            EMO repository (the "tvd" mode of its GPT-2 script) at mixing ratio `g = 1 - tailr_gamma`:
+            `g * nll + (1 - g) * TaiLr(tailr_gamma)` with the weight floored at 0.2 (or `tailr_min_weight`). The
+            recipes that reproduce the EMO paper's baselines use it; `docs/losses.md` maps both to the authors' code.
         mixce_gamma (`float`, *optional*, defaults to `0.8`):
             MixCE's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         entropy_coef (`float`, *optional*, defaults to `0.1`):
@@ -162,7 +169,11 @@ class SFTConfig(_TRLSFTConfig):
     emo_ratio_cap: float | None = field(default=None, metadata={"help": "Cap on EMO's dynamic weight (none by default)."})
     tailr_gamma: float = field(default=0.8, metadata={"help": "TaiLr gamma in [0, 1]."})
     tailr_min_weight: float | None = field(
-        default=None, metadata={"help": "Floor on TaiLr's weight (the authors' script: 0.2; none: the paper's eq. 16)."}
+        default=None, metadata={"help": "Floor on TaiLr's weight (none: the paper's eq. 16)."}
+    )
+    tailr_formula: str = field(
+        default="paper",
+        metadata={"help": "TaiLr: 'paper' (eq. 16) or 'authors' (the EMO repository's nll-mixed baseline)."},
     )
     mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
     entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
