@@ -410,3 +410,13 @@ def test_tailr_authors_formula_is_the_emo_repository_mixed_baseline(z, y, g):
     paper = grad_of(lambda x: tailr_per_token(x, y, gamma, 0.2, "paper"), z)
     authors = grad_of(lambda x: tailr_per_token(x, y, gamma, None, "authors"), z)
     assert float((paper - authors).norm() / authors.norm()) > 0.1
+
+
+def test_emo_reference_and_paper_share_the_term_gradient_but_not_the_weighted_total(z, y, emb):
+    def grad(weighting, demd):
+        return grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting=weighting, demd=demd, ratio_cap=None), z)
+
+    assert torch.allclose(grad("none", "reference"), grad("none", "paper"), atol=1e-12)
+    for weighting in ("mle", "emo"):
+        a, b = grad(weighting, "reference"), grad(weighting, "paper")
+        assert float((a - b).norm() / b.norm()) > 1e-3, weighting
