@@ -256,3 +256,11 @@ class SFTConfig(_TRLSFTConfig):
             )
         hparams.update(self.loss_kwargs or {})
         return hparams
+
+
+def loss_defaults(loss_type: str) -> dict[str, Any]:
+    """The hyper-parameters of a registered loss as `SFTConfig` sets them by default (their one home)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(SFTConfig)}
+    return {kw: fields[attr].default for kw, attr in get_loss(loss_type).config_fields.items()}
