@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,15 @@ class SFTConfig(_TRLSFTConfig):
             `gem_h="linear"` gives exactly the cross-entropy gradient.
         gem_h (`str`, *optional*, defaults to `"linear"`):
             GEM's `h`: `"linear"` or `"logsigmoid"` (the GEM paper's UltraFeedback setting).
+        gem_target_entropy (`float`, *optional*):
+            Mean token entropy (nats per target token) GEM should keep. When set, `gem_beta` is only the starting value:
+            after every optimizer step `log(gem_beta)` moves by `gem_beta_step` times the gap between the target and the
+            step's mean entropy (over all processes), within `[gem_beta_min, 1]`; the current value is logged as
+            `gem_beta` and restored on resume. Must be in `(0, ln V)`. Default: a fixed `gem_beta`.
+        gem_beta_min (`float`, *optional*, defaults to `0.3`):
+            Lower bound of the adaptive `gem_beta` (with `gem_target_entropy`).
+        gem_beta_step (`float`, *optional*, defaults to `0.05`):
+            Step of the adaptive `gem_beta`, in `log(beta)` per nat of entropy gap per optimizer step.
         emo_cost_embedding (`str`, *optional*, defaults to `"frozen"`):
             Source of EMO's transport cost `1 - cos(e_i, e_j)`. `"frozen"`: a snapshot of the model's output
             embedding taken when training starts (after any token resizing), never updated (the paper's setting).
@@ -157,6 +167,11 @@ class SFTConfig(_TRLSFTConfig):
     )
     gem_beta: float = field(default=0.7, metadata={"help": "GEM beta in (0, 1]."})
     gem_h: str = field(default="linear", metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
+    gem_target_entropy: float | None = field(
+        default=None, metadata={"help": "Adapt gem_beta toward this mean token entropy (nats); default: fixed beta."}
+    )
+    gem_beta_min: float = field(default=0.3, metadata={"help": "Lower bound of the adaptive gem_beta."})
+    gem_beta_step: float = field(default=0.05, metadata={"help": "Step of the adaptive gem_beta (log beta per nat)."})
     emo_cost_embedding: str = field(
         default="frozen",
         metadata={
@@ -226,6 +241,20 @@ class SFTConfig(_TRLSFTConfig):
             raise ValueError(
                 f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."
             )
+        if self.gem_target_entropy is not None:
+            if self.loss_type != "gem":
+                raise ValueError(
+                    f"gem_target_entropy is set but loss_type is {self.loss_type!r}: it adapts GEM's beta. Remove it or "
+                    "set loss_type: gem."
+                )
+            if not isinstance(self.gem_target_entropy, (int, float)) or isinstance(self.gem_target_entropy, bool) or not (
+                self.gem_target_entropy > 0 and math.isfinite(self.gem_target_entropy)
+            ):
+                raise ValueError(f"gem_target_entropy must be a positive number of nats, got {self.gem_target_entropy!r}.")
+        if not (isinstance(self.gem_beta_min, (int, float)) and 0 < self.gem_beta_min <= 1):
+            raise ValueError(f"gem_beta_min must be in (0, 1], got {self.gem_beta_min!r}.")
+        if not (isinstance(self.gem_beta_step, (int, float)) and self.gem_beta_step > 0 and math.isfinite(self.gem_beta_step)):
+            raise ValueError(f"gem_beta_step must be a positive number, got {self.gem_beta_step!r}.")
         if self.asft_ref_model is not None and self.loss_type != "asft":
             raise ValueError(
                 f"asft_ref_model is set but loss_type is {self.loss_type!r}: the reference model is only used by "
