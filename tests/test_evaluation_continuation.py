@@ -219,3 +219,9 @@ def test_clear_errors(assets, tmp_path, capsys, monkeypatch):
     short = ContinuationTask(EvalConfig(task="continuation", policies=["a=/x"], prompts=assets["corpus"], mauve=False,
                                         continuation_prefix_words=PREFIX, max_new_tokens=LENGTH, max_prompts=2))
     assert [e.instruction for e in short.load_examples().examples] == list(assets["human"])[:2]
+    monkeypatch.delitem(sys.modules, "mauve")
+    pytest.importorskip("mauve", reason="the `mauve` extra (mauve-text) is not installed")
+    # An unreachable featurizer fails before anything is sampled, not after.
+    assert main(argv(assets, tmp_path / "e3", "--mauve_featurizer", "nobody/not-a-cached-featurizer")) == 2
+    assert "MAUVE featurizer: 'nobody/not-a-cached-featurizer' could not be loaded" in capsys.readouterr().err
+    assert not (tmp_path / "e3" / "generations").exists()

@@ -64,8 +64,11 @@ class Corpus:
     names: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        where = f"{self.hub_ids[0]}" + (f" ({self.config})" if self.config else "") if self.hub_ids else "local files"
-        return f"{self.name}: {where}, column `{self.text_column}`, prefix {self.prefix_words} words, {self.generation_length} generated tokens"
+        where = (self.hub_ids[0] + (f" ({self.config})" if self.config else "")) if self.hub_ids else "local files"
+        return (
+            f"{self.name}: {where}, column `{self.text_column}`, prefix {self.prefix_words} words, "
+            f"{self.generation_length} generated tokens"
+        )
 
 
 # Table 4 of the EMO paper (prefix / generation lengths); WebText and WritingPrompts are the splits of

@@ -75,10 +75,13 @@ def token_nlls(model, sequences: list[list[int]], batch_size: int, pad_id: int =
                 ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 mask[row, : len(sequences[i])] = 1
             ids, mask = ids.to(device), mask.to(device)
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-            ).view(len(chunk), width - 1)
+            logits = model(input_ids=ids, attention_mask=mask).logits
             for row, i in enumerate(chunk):
-                out[i] = nll[row, : len(sequences[i]) - 1].tolist()
+                # One row at a time in float32: a [batch, length, vocab] float32 copy would not fit for large vocabularies.
+                length = len(sequences[i])
+                nll = torch.nn.functional.cross_entropy(
+                    logits[row, : length - 1].float(), ids[row, 1:length], reduction="none"
+                )
+                out[i] = nll.tolist()
+            del logits
     return out

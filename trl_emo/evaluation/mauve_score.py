@@ -32,6 +32,19 @@ def import_mauve():
     return mauve
 
 
+def check_featurizer(name: str, trust_remote_code: bool = False) -> None:
+    """Fail early when the featurizer cannot be loaded (offline and not cached): its config is enough to know."""
+    from transformers import AutoConfig
+
+    path = os.path.expanduser(name)
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        if os.path.isdir(path):
+            raise EvaluationError(f"MAUVE featurizer {name!r}: {exc}") from exc
+        raise not_loadable("MAUVE featurizer", name, exc) from exc
+
+
 class Featurizer:
     """Texts -> [n, d] float32 features, computed once per text set and stored under `folder`."""
 

@@ -122,10 +122,12 @@ class ContinuationTask(EvalTask):
     def check(self) -> None:
         if self.config.mauve:
             from ..loading import check_model_source
-            from ..mauve_score import DEFAULT_FEATURIZER, import_mauve
+            from ..mauve_score import DEFAULT_FEATURIZER, check_featurizer, import_mauve
 
             import_mauve()
-            check_model_source(self.config.mauve_featurizer or DEFAULT_FEATURIZER, "MAUVE featurizer")
+            name = self.config.mauve_featurizer or DEFAULT_FEATURIZER
+            check_model_source(name, "MAUVE featurizer")
+            check_featurizer(name, self.config.trust_remote_code)  # before hours of sampling, not after
 
     # ------------------------------------------------------------------ prefixes
 
@@ -236,7 +238,7 @@ class ContinuationTask(EvalTask):
     def post_process(self, run: ModelRun, examples: PromptSet) -> None:
         if not self.config.mauve:
             return
-        from ..mauve_score import Featurizer, mauve_score
+        from ..mauve_score import mauve_score
 
         config = self.config
         n, num_prompts = config.n, len(examples.examples)
@@ -249,11 +251,13 @@ class ContinuationTask(EvalTask):
             "mauve_text": package_version("mauve-text"),
         }
         cache = self.open_cache("mauve", run, settings, key_fields=("model", "sample"))
+        human_features = None
         for j in range(n):
             if (run.name, j) in cache:
                 continue
             texts = [join_continuation(e.instruction, samples[i][j]) for i, e in enumerate(examples.examples)]
-            human_features = featurizer(humans, desc="featurize human texts")
+            if human_features is None:  # featurized once for every model (kept on disk)
+                human_features = featurizer(humans, desc="featurize human texts")
             model_features = featurizer(texts, desc=f"featurize {run.name} #{j}")
             cache.append([{"model": run.name, "sample": j, **mauve_score(human_features, model_features)}])
         run.extra["mauve"] = cache

@@ -327,3 +327,14 @@ class IclTask(EvalTask):
             ("Accuracy, % (highest log-likelihood of the label tokens, lm-eval's `acc`)", table("answer_loglik_accuracy")),
             ("Demonstrations per input (fewer when a prompt had to fit the model)", demos),
         ]
+
+    def plot(self, summary: dict, output_dir: str) -> None:
+        import os
+
+        from ..report import plot_accuracy_bars
+
+        models = summary["models"]
+        names = [n for n in summary["settings"]["benchmarks"] if any(n in m["icl"] for m in models.values())]
+        values = {BENCHMARKS[n].title: [m["icl"].get(n, {}).get("accuracy") for m in models.values()] for n in names}
+        values["average"] = [m["average"]["accuracy"] for m in models.values()]
+        plot_accuracy_bars(list(models), values, "accuracy, % (lowest perplexity)", os.path.join(output_dir, "icl.png"))
