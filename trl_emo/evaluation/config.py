@@ -87,8 +87,10 @@ class EvalConfig:
 
         task (`str`, *optional*, defaults to `"bon"`):
             What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
-            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1) or `"math"`
-            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3).
+            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1), `"math"`
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3), `"continuation"` (MAUVE of
+            ancestral continuations of held-out text; EMO Table 1) or `"icl"` (few-shot in-context learning by
+            per-candidate perplexity; EMO Table 3).
             `trl-emo eval --list_tasks` prints every registered task.
 
         > Models
