@@ -148,7 +148,11 @@ def prepare_examples(train_dataset, tokenizer, training_args, n: int):
         raise ConfigError("assistant_only_loss=True needs conversational data, but the formatted dataset is not.")
     # TRL's own preparation, so what is printed is exactly what trains.
     stand_in = SimpleNamespace(_tokenizer=tokenizer, completion_only_loss=completion_only, chat_template=chat_template)
-    return TRLSFTTrainer._prepare_dataset(stand_in, rows, tokenizer, training_args, False, None, "dry-run")
+    # Packed like the trainer packs them, so a plain-text dry run shows the blocks that train.
+    prepared = TRLSFTTrainer._prepare_dataset(
+        stand_in, rows, tokenizer, training_args, training_args.packing, None, "dry-run"
+    )
+    return prepared.select(range(min(n, len(prepared))))
 
 
 def dry_run(train_dataset, tokenizer, script_args, training_args, model_args, data_args, info, n: int, out=None, notes=()):
@@ -288,6 +292,11 @@ def main(argv=None) -> int:
                     "trains as conversational prompt/completion, the prompt masked by TRL's completion-only loss"
                 )
         info.assistant_only_loss = training_args.assistant_only_loss
+        if info.schema == "plain_text":
+            from .data.plain_text import packing_warnings
+
+            for warning in packing_warnings(training_args):
+                logger.warning(warning)
         if training_args.eval_strategy != "no" and eval_dataset is None:
             raise ConfigError(
                 f"eval_strategy={training_args.eval_strategy!s} but the dataset has no {script_args.dataset_test_split!r} "

@@ -135,6 +135,13 @@ SCHEMAS: dict[str, Schema] = {
             hub_columns=("text",),
         ),
         Schema(
+            name="plain_text",
+            description="a plain-text corpus (WikiText, PTB, AG News, ...): rows become documents, every token "
+            "trained; see trl_emo.data.plain_text (`text_column`, `text_documents`, packing)",
+            columns=(Column("text"),),
+            hub_columns=("text",),
+        ),
+        Schema(
             name="preference",
             description="TRL preference data: `chosen`/`rejected` (strings or conversations), optional `prompt`",
             columns=(

