@@ -196,13 +196,14 @@ def _boot():
     del data
     try:
         uid = os.getuid()
+        # A new user namespace counts its processes from zero; otherwise the limit counts all of the user's
+        # (counted now: Landlock hides /proc). Root is never limited by the kernel.
+        base = 0 if uid == 0 or "n" in flags else _user_processes(uid)
         if "n" in flags:
             _own_network()
         if "l" in flags:
             _landlock(abi, write_dir, read_dirs, read_files)
         if uid != 0:
-            # A new user namespace counts its processes from zero; otherwise the limit counts all of the user's.
-            base = 0 if "n" in flags else _user_processes(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (base + nproc, base + nproc))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
