@@ -156,9 +156,8 @@ def _run(data):
         namespace.setdefault(name, value)
     exec(checks_code, tests)
     if state["untrusted"] is not None:
-        sys.stderr.write(
-            f"UntrustedResult: the solution returned an object of type {state['untrusted']} (a check caught the error)\n"
-        )
+        kind = state["untrusted"]
+        sys.stderr.write(f"UntrustedResult: the solution returned an object of type {kind} (a check caught the error)\n")
         sys.stderr.flush()
         os._exit(3)
     for stream in (sys.stdout, sys.stderr):

@@ -102,7 +102,8 @@ class CodeTask(EvalTask):
         try:
             config.code_execution_timeout = float(config.code_execution_timeout)
         except (TypeError, ValueError):
-            raise ConfigError(f"code_execution_timeout must be a number; got {config.code_execution_timeout!r}.") from None
+            value = config.code_execution_timeout
+            raise ConfigError(f"code_execution_timeout must be a number; got {value!r}.") from None
         if not config.code_execution_timeout > 0:
             raise ConfigError(f"code_execution_timeout must be > 0; got {config.code_execution_timeout}.")
         for name, minimum in (("code_execution_memory_mb", 64), ("code_execution_workers", 1)):
@@ -224,8 +225,9 @@ class CodeTask(EvalTask):
         pending: list[dict] = []
         last_write = time.monotonic()
         bar = tqdm(total=total, desc=f"run programs {run.name}", unit="program", disable=not config.progress)
+        verdicts = run_checks(sandbox, jobs)
         try:
-            for index, verdict in run_checks(sandbox, jobs):
+            for index, verdict in verdicts:
                 digest = hashlib.sha256(jobs[index].solution.encode()).hexdigest()[:12]
                 for model, i, j in keys[index]:
                     row = {"model": model, "prompt_index": i, "sample": j, "passed": verdict["passed"],
@@ -239,6 +241,10 @@ class CodeTask(EvalTask):
                     cache.append(pending)
                     pending, last_write = [], time.monotonic()
         finally:
+            # On an error or Ctrl-C, closing the generator kills the programs still running, at once.
+            close = getattr(verdicts, "close", None)
+            if close is not None:
+                close()
             cache.append(pending)
             bar.close()
 
@@ -256,7 +262,8 @@ class CodeTask(EvalTask):
             "responses": response_stats(run, [(run.name, i, j) for i in range(num_prompts) for j in range(n)]),
             "pass": metrics.pass_at_k_curve([[r["passed"] for r in row] for row in table], config.code_k_values),
             "outcomes_percent": {status: 100.0 * outcomes[status] / (num_prompts * n) for status, _ in OUTCOMES},
-            "unique_programs_percent": 100.0 * sum(len({r["program"] for r in row}) for row in table) / (num_prompts * n),
+            "unique_programs_percent": 100.0 * sum(len({r["program"] for r in row}) for row in table)
+            / (num_prompts * n),
         }
         if plan.greedy:
             result["greedy_pass"] = 100.0 * sum(rows[(run.name, i, GREEDY)]["passed"] for i in range(num_prompts)) / (
@@ -325,7 +332,9 @@ class CodeTask(EvalTask):
             curve = model["pass"]
             ks = curve["k"]
             axis.plot(ks, curve["unbiased"], marker="o", color=f"C{index % 10}", label=name)
-            axis.plot(ks, curve["first_k"], linestyle="--", color=f"C{index % 10}", alpha=0.5, label=f"{name} (first k)")
+            axis.plot(
+                ks, curve["first_k"], linestyle="--", color=f"C{index % 10}", alpha=0.5, label=f"{name} (first k)"
+            )
         axis.set_xscale("log")
         axis.set_xticks(ks, [str(k) for k in ks])
         axis.minorticks_off()

@@ -24,11 +24,14 @@ class HumanEvalTask(CodeTask):
     defaults = {**CodeTask.defaults, "prompts": "openai/openai_humaneval"}
 
     def load_examples(self) -> PromptSet:
-        examples = load_prompt_set(self.config, find_answer_column=lambda rows, columns: None, prompt_columns=("prompt",))
+        examples = load_prompt_set(
+            self.config, find_answer_column=lambda rows, columns: None, prompt_columns=("prompt",)
+        )
         return self.attach_problems(examples)
 
     def check_row(self, row: dict, index: int) -> None:
-        require_columns(row, COLUMNS, self.name, self.config.prompts, index, "openai/openai_humaneval (prompt, test, entry_point)")
+        schema = "openai/openai_humaneval (prompt, test, entry_point)"
+        require_columns(row, COLUMNS, self.name, self.config.prompts, index, schema)
 
     def problem(self, row: dict) -> CodeProblem:
         instruction, response_prefix = humaneval_problem(row["prompt"])
