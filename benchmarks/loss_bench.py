@@ -12,7 +12,11 @@ Variants (`--variants`):
                   (torch >= 2.13).
   trl_nll_logits  plain logits + `torch.nn.functional.cross_entropy` (what TRL avoids).
   <loss>          trl_emo's fused path (`fused_linear_loss`, `--backend`): nll, gem, gem_ls
-                  (h=logsigmoid), emo, emo_live (cost = the live head), tailr, mixce, ce_entropy.
+                  (h=logsigmoid), emo, emo_live (cost = the live head), tailr, mixce, ce_entropy,
+                  eaft (top-20 entropy), eaft_full (full entropy), asft (the reference model's hidden
+                  states and head are inputs like the policy's: its own memory is reported apart,
+                  as `reference_model_bytes`; the loss's peak counts its reference-logits buffer).
+                  Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
                   plus a no-grad pass at temperature 1 for the logged cross-entropy and entropy.
@@ -41,21 +45,32 @@ from datetime import date
 
 VARIANTS = [
     "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
-    "tailr", "mixce", "ce_entropy", "trl_gem_tempered", "logits_gem", "logits_emo",
+    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "trl_gem_tempered", "logits_gem", "logits_emo",
 ]
 # Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
 NLL_ANCHORS = {"trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits"}
 OPTIONAL = {"liger_nll": "liger_kernel", "cce_nll": "cut_cross_entropy"}
-LOSS_ARGS = {
+# variant -> (loss_type, settings other than SFTConfig's defaults)
+LOSS_VARIANTS = {
     "nll": ("nll", {}),
-    "gem": ("gem", {"beta": 0.7, "h": "linear"}),
-    "gem_ls": ("gem", {"beta": 0.7, "h": "logsigmoid"}),
-    "emo": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
-    "emo_live": ("emo", {"weighting": "mle", "demd": "reference", "ratio_cap": None}),
-    "tailr": ("tailr", {"gamma": 0.8, "min_weight": None}),
-    "mixce": ("mixce", {"gamma": 0.8}),
-    "ce_entropy": ("ce_entropy", {"coef": 0.1}),
+    "gem": ("gem", {}),
+    "gem_ls": ("gem", {"h": "logsigmoid"}),
+    "emo": ("emo", {}),
+    "emo_live": ("emo", {}),
+    "tailr": ("tailr", {}),
+    "mixce": ("mixce", {}),
+    "ce_entropy": ("ce_entropy", {}),
+    "eaft": ("eaft", {}),
+    "eaft_full": ("eaft", {"entropy": "full"}),
+    "asft": ("asft", {}),
 }
+
+
+def loss_args(variant: str) -> tuple[str, dict]:
+    from trl_emo.config import loss_defaults
+
+    name, overrides = LOSS_VARIANTS[variant]
+    return name, {**loss_defaults(name), **overrides}
 
 
 def _rss_bytes() -> int:
@@ -73,7 +88,7 @@ class Unavailable(RuntimeError):
     """The variant's package (or torch feature) is not installed here."""
 
 
-def build_step(variant, hidden, weight, targets, cost, options=None):
+def build_step(variant, hidden, weight, targets, cost, options=None, reference=None):
     """A closure running one forward+backward of `variant`."""
     import importlib.util
 
@@ -144,7 +159,7 @@ def build_step(variant, hidden, weight, targets, cost, options=None):
 
         return step
     if variant.startswith("logits_"):
-        name, hparams = LOSS_ARGS[variant[len("logits_"):]]
+        name, hparams = loss_args(variant[len("logits_"):])
         spec = get_loss(name)
         if spec.uses_cost_embedding:
             hparams = {**hparams, "cost_embedding": CostEmbedding(cost)}
@@ -156,7 +171,7 @@ def build_step(variant, hidden, weight, targets, cost, options=None):
             return loss
 
         return step
-    name, hparams = LOSS_ARGS[variant]
+    name, hparams = loss_args(variant)
     spec = get_loss(name)
     frozen = CostEmbedding(cost) if cost is not None else None
 
@@ -164,6 +179,8 @@ def build_step(variant, hidden, weight, targets, cost, options=None):
         extra = {}
         if spec.uses_cost_embedding:
             extra["cost_embedding"] = CostEmbedding(weight.detach()) if variant == "emo_live" else frozen
+        if spec.needs_reference:
+            extra["reference"] = reference
         out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra}, **options)
         out.loss.backward()
         return out.loss
@@ -171,14 +188,16 @@ def build_step(variant, hidden, weight, targets, cost, options=None):
     return step
 
 
-def reference_errors(variant, hidden, weight, targets, cost, loss) -> dict:
+def reference_errors(variant, hidden, weight, targets, cost, loss, reference=None) -> dict:
     """Relative errors of `loss` and of the gradients now in `.grad` against float64, same formula."""
     import torch
 
     from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
 
     key = "nll" if variant in NLL_ANCHORS else variant.removeprefix("logits_").replace("trl_gem_tempered", "gem")
-    name, hparams = LOSS_ARGS[key]
+    name, hparams = loss_args(key)
+    if get_loss(name).needs_reference:
+        hparams = {**hparams, "reference": reference.hidden.double() @ reference.weight.double().t()}
     if get_loss(name).uses_cost_embedding:
         table = weight.detach() if variant == "emo_live" else cost
         hparams = {**hparams, "cost_embedding": CostEmbedding(table.double())}
@@ -209,8 +228,17 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     targets = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
+    reference = None
+    if variant == "asft":
+        # ASFT's reference model at the target positions: its hidden states and head (persistent
+        # inputs like the policy's, excluded from the loss's peak and reported on their own).
+        from trl_emo.losses.asft import ReferenceHead
+
+        ref_hidden = (hidden.detach().float() + 0.1 * torch.randn(hidden.shape, generator=gen).to(device)).to(dtype)
+        ref_weight = (weight.detach().float() + 0.01 * torch.randn(weight.shape, generator=gen).to(device)).to(dtype)
+        reference = ReferenceHead(ref_hidden, ref_weight)
     try:
-        step = build_step(variant, hidden, weight, targets, cost, options)
+        step = build_step(variant, hidden, weight, targets, cost, options, reference)
     except Unavailable as exc:
         return {"variant": variant, "unavailable": str(exc)}
 
@@ -244,10 +272,12 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         "first_seconds": first,
         "peak_extra_bytes": int(peak),
     }
+    if reference is not None:
+        result["reference_model_bytes"] = sum(t.numel() * t.element_size() for t in (reference.hidden, reference.weight))
     if accuracy:
         hidden.grad = weight.grad = None
         loss = step()
-        result.update(reference_errors(variant, hidden, weight, targets, cost, loss))
+        result.update(reference_errors(variant, hidden, weight, targets, cost, loss, reference))
     return result
 
 

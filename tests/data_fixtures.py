@@ -28,6 +28,7 @@ DEFAULT_SPLITS = {
     "messages": ("train", "test"),
     "text": ("train", "test"),
     "preference": ("train", "test"),
+    "plain_text": ("train", "validation", "test"),
 }
 FIXTURE_SCHEMAS = tuple(DEFAULT_SPLITS)
 FORMATS = ("jsonl", "json", "parquet", "csv", "disk")
@@ -57,6 +58,18 @@ def _conversation(i: int, split: str, answer: str) -> list[dict]:
             {"role": "assistant", "content": f"Short: {answer or output}"},
         ]
     return turns
+
+
+def wikitext_line(i: int, split: str = "train") -> str:
+    """Row `i` of a WikiText-like corpus: an article is a title line, a blank row, a paragraph, a blank row, a
+    section heading, a blank row and a paragraph (lines end with "\n", as in `Salesforce/wikitext` raw)."""
+    article, line = divmod(i, 7)
+    color, animal = _COLORS[article % len(_COLORS)], _ANIMALS[(article * 3) % len(_ANIMALS)]
+    words = " ".join(f"{_COLORS[(article + j) % 8]} {_ANIMALS[(article + 2 * j) % 8]} runs ." for j in range(30))
+    return [
+        f" = The {color} {animal} ({split} {article}) = \n", "", f" The {color} {animal} is an animal . {words}\n", "",
+        " = = Habitat = = \n", "", f" It lives near the {color} river with {words}\n",
+    ][line]
 
 
 def fixture_rows(schema: str, n_rows: int = 8, split: str = "train") -> list[dict]:
@@ -117,6 +130,8 @@ def fixture_rows(schema: str, n_rows: int = 8, split: str = "train") -> list[dic
             rows.append({"messages": _conversation(i, split, "")})
         elif schema == "text":
             rows.append({"text": f"{instruction} {output}"})
+        elif schema == "plain_text":
+            rows.append({"text": wikitext_line(i, split)})
         elif schema == "preference":
             rows.append({"prompt": f"Q: {instruction}\nA:", "chosen": f" {output}", "rejected": " I do not know."})
         else:

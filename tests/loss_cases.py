@@ -6,9 +6,7 @@ Looping over the registry means a new loss is tested by `test_fused.py` and
 
 from __future__ import annotations
 
-import dataclasses
-
-from trl_emo.config import SFTConfig
+from trl_emo.config import loss_defaults
 from trl_emo.losses import get_loss, list_losses
 
 # Settings other than the defaults that exercise other branches of a kernel.
@@ -19,18 +17,14 @@ VARIANTS = {
         {"weighting": "none"},
         {"weighting": "mle", "ratio_cap": 0.5},
     ],
-    "tailr": [{"gamma": 0.7, "min_weight": 0.2}],
+    "tailr": [{"gamma": 0.7, "min_weight": 0.2}, {"gamma": 0.9, "formula": "authors"}],
     "mixce": [{"gamma": 0.5}],
     "ce_entropy": [{"coef": 0.3}],
+    "eaft": [{"entropy": "full"}, {"alpha": 0.5, "topk": 5}, {"alpha": 0.0}],
+    "asft": [{"alpha": 1.0}, {"alpha": 0.0}],
 }
 
-_FIELDS = {f.name: f for f in dataclasses.fields(SFTConfig)}
-
-
-def default_hparams(name: str) -> dict:
-    """The loss's hyper-parameters as `SFTConfig` sets them by default (the one place defaults live)."""
-    spec = get_loss(name)
-    return {kw: _FIELDS[attr].default for kw, attr in spec.config_fields.items()}
+default_hparams = loss_defaults
 
 
 def cases(require_row_kernel: bool = False) -> list[tuple[str, dict]]:

@@ -58,9 +58,9 @@ def test_missing_path_is_a_file_not_found_error(tmp_path):
 
 
 def test_unsupported_extension(tmp_path):
-    path = tmp_path / "data.txt"
+    path = tmp_path / "data.tsv"  # (.txt is read as plain text, one row per line)
     path.write_text("hello")
-    with pytest.raises(DataError, match=r"Unsupported dataset file extension '.txt'.*\.jsonl"):
+    with pytest.raises(DataError, match=r"Unsupported dataset file extension '.tsv'.*\.jsonl"):
         resolve_source(str(path))
 
 

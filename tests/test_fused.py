@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trl_emo.losses import CostEmbedding, HeadTransform, fused_linear_loss, get_loss, register_loss, unregister_loss
+from trl_emo.losses.asft import ReferenceHead
 from trl_emo.losses.fused import auto_chunk_size
 
 from loss_cases import case_id, cases
@@ -28,8 +29,20 @@ def make_inputs(dtype=torch.float32, n_rows=3, seq=17, seed=0, bias=False):
     return hidden, weight, b, labels, cost
 
 
-def hparams_for(name, hp, cost):
-    return {**hp, "cost_embedding": cost} if get_loss(name).uses_cost_embedding else dict(hp)
+def reference_weight(weight):
+    """ASFT's reference model in these tests: the same hidden states through another head."""
+    g = torch.Generator().manual_seed(123)
+    return (weight.detach() + 0.3 * torch.randn(weight.shape, generator=g, dtype=weight.dtype)).detach()
+
+
+def hparams_for(name, hp, cost, reference=None):
+    spec = get_loss(name)
+    out = dict(hp)
+    if spec.uses_cost_embedding:
+        out["cost_embedding"] = cost
+    if spec.needs_reference:
+        out["reference"] = reference
+    return out
 
 
 def logits_path(name, hp, hidden, weight, bias, labels, cost, transform=HeadTransform(), num_items=None):
@@ -41,7 +54,8 @@ def logits_path(name, hp, hidden, weight, bias, labels, cost, transform=HeadTran
     if transform.softcap is not None:
         z = transform.softcap * torch.tanh(z / transform.softcap)
     targets, mask = labels[:, 1:], labels[:, 1:] != -100
-    values = get_loss(name).per_token(z[:, :-1][mask], targets[mask], **hparams_for(name, hp, cost))
+    ref_logits = (hidden[:, :-1][mask] @ reference_weight(weight).t()).detach()
+    values = get_loss(name).per_token(z[:, :-1][mask], targets[mask], **hparams_for(name, hp, cost, ref_logits))
     count = mask.sum() if num_items is None else num_items
     return values.sum() / count
 
@@ -53,7 +67,7 @@ def fused_path(name, hp, hidden, weight, bias, labels, cost, chunk_size=7, trans
         weight,
         labels[:, 1:][mask],
         get_loss(name),
-        hparams_for(name, hp, cost),
+        hparams_for(name, hp, cost, ReferenceHead(hidden[:, :-1][mask].detach(), reference_weight(weight))),
         bias=bias,
         num_items_in_batch=num_items,
         chunk_size=chunk_size,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
+from trl_emo.losses.asft import ReferenceHead
 
 from loss_cases import case_id, cases, default_hparams
 
@@ -44,13 +45,18 @@ def _rel(a, b):
 def test_fused_equals_the_logits_path_in_half_precision(name, hp, dtype):
     h, w, y = _inputs(dtype)
     spec = get_loss(name)
-    cost = CostEmbedding(w.detach()) if spec.uses_cost_embedding else None
-    kwargs = {**hp, "cost_embedding": cost} if cost is not None else dict(hp)
+    kwargs, ref_kwargs = dict(hp), dict(hp)
+    if spec.uses_cost_embedding:
+        kwargs["cost_embedding"] = CostEmbedding(w.detach())
+        ref_kwargs["cost_embedding"] = CostEmbedding(w.detach().double())
+    if spec.needs_reference:  # ASFT: the reference model is another head on the same hidden states
+        w_ref = (w.detach().float() + 0.02 * torch.randn_like(w.float())).to(dtype)
+        kwargs["reference"] = ReferenceHead(h.detach(), w_ref)
+        ref_kwargs["reference"] = h.detach().double() @ w_ref.double().t()
     out = fused_linear_loss(h, w, y, spec, kwargs)  # auto: the Triton kernels on CUDA
     gh, gw = torch.autograd.grad(out.loss, (h, w))
 
     h64, w64 = h.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
-    ref_kwargs = {**hp, "cost_embedding": CostEmbedding(w.detach().double())} if cost is not None else dict(hp)
     ref = spec.per_token(h64 @ w64.t(), y, **ref_kwargs).mean()
     rh, rw = torch.autograd.grad(ref, (h64, w64))
     assert abs(out.loss.item() - ref.item()) <= 2e-3 * max(1.0, abs(ref.item()))

@@ -244,10 +244,10 @@ def test_tailr_and_mixce_formulas(z, y, gamma):
     nll = F.cross_entropy(z, y, reduction="none")
     tailr_w = p_y / (gamma + (1 - gamma) * p_y)
     mixce_w = gamma + (1 - gamma) * p_y
-    assert torch.allclose(tailr_per_token(z, y, gamma, None), tailr_w * nll, atol=1e-12)
+    assert torch.allclose(tailr_per_token(z, y, gamma, None, "paper"), tailr_w * nll, atol=1e-12)
     assert torch.allclose(mixce_per_token(z, y, gamma), mixce_w * nll, atol=1e-12)
     ce_grad = p - one_hot(y)
-    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None), z), tailr_w[:, None] * ce_grad, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None, "paper"), z), tailr_w[:, None] * ce_grad, atol=1e-12)
     assert torch.allclose(grad_of(lambda x: mixce_per_token(x, y, gamma), z), mixce_w[:, None] * ce_grad, atol=1e-12)
 
 
@@ -312,6 +312,111 @@ def test_tailr_weight_floor(z, y):
     nll = F.cross_entropy(z, y, reduction="none")
     weight = (p_y / (0.8 + 0.2 * p_y)).clamp(min=0.2)
     assert (p_y / (0.8 + 0.2 * p_y) < 0.2).any(), "the test needs positions where the floor binds"
-    assert torch.allclose(tailr_per_token(z, y, 0.8, min_weight=0.2), weight * nll, atol=1e-12)
+    assert torch.allclose(tailr_per_token(z, y, 0.8, min_weight=0.2, formula="paper"), weight * nll, atol=1e-12)
     expected = weight[:, None] * (torch.softmax(z.detach(), -1) - one_hot(y))
-    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, 0.8, min_weight=0.2), z), expected, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, 0.8, min_weight=0.2, formula="paper"), z), expected, atol=1e-12)
+
+
+# -- EAFT and ASFT ----------------------------------------------------------------------------
+
+
+def _topk_entropy(logits, k):
+    """The top-k entropy written out: renormalise the k largest probabilities."""
+    p = torch.softmax(logits.detach(), -1)
+    top = p.topk(k, -1).values
+    q = top / top.sum(-1, keepdim=True)
+    return -(q * q.log()).sum(-1)
+
+
+@pytest.mark.parametrize(("entropy", "k", "alpha"), [("topk", 4, 1.0), ("topk", 6, 0.5), ("full", None, 2.0)])
+def test_eaft_value_and_gradient(z, y, entropy, k, alpha):
+    import math
+
+    from trl_emo.losses import eaft_per_token
+
+    p = torch.softmax(z.detach(), -1)
+    if entropy == "full":
+        h = -(p * p.log()).sum(-1) / math.log(V)
+    else:
+        h = _topk_entropy(z, k) / math.log(k)
+    w = h**alpha
+    nll = F.cross_entropy(z, y, reduction="none")
+    got = eaft_per_token(z, y, alpha=alpha, entropy=entropy, topk=k or 20)
+    assert torch.allclose(got, w * nll, atol=1e-12)
+    grad = grad_of(lambda x: eaft_per_token(x, y, alpha=alpha, entropy=entropy, topk=k or 20), z)
+    assert torch.allclose(grad, w[:, None] * (p - one_hot(y)), atol=1e-12)
+
+
+def test_eaft_with_alpha_zero_is_cross_entropy(z, y):
+    from trl_emo.losses import eaft_per_token
+
+    assert torch.allclose(eaft_per_token(z, y, alpha=0.0, entropy="topk", topk=5), F.cross_entropy(z, y, reduction="none"))
+
+
+def test_eaft_topk_larger_than_the_vocabulary_is_a_clear_error():
+    from trl_emo.losses import get_loss
+
+    with pytest.raises(ValueError, match="eaft_topk=50 is larger than the model's vocabulary \\(13 tokens\\)"):
+        get_loss("eaft").validate_vocab({"alpha": 1.0, "entropy": "topk", "topk": 50}, V)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1, 1.0])
+def test_asft_value_and_gradient(z, y, alpha):
+    from trl_emo.losses import asft_per_token
+
+    torch.manual_seed(7)
+    ref = 2 * torch.randn(N, V, dtype=torch.float64)
+    p = torch.softmax(z.detach(), -1)
+    r = torch.softmax(ref, -1)
+    p_y = p.gather(-1, y[:, None]).squeeze(-1)
+    nll = F.cross_entropy(z, y, reduction="none")
+    kl = (r * (r.log() - torch.log_softmax(z, -1))).sum(-1)
+    got = asft_per_token(z, y, alpha=alpha, reference=ref)
+    assert torch.allclose(got, p_y * nll + alpha * kl, atol=1e-12)
+    grad = grad_of(lambda x: asft_per_token(x, y, alpha=alpha, reference=ref), z)
+    expected = p_y[:, None] * (p - one_hot(y)) + alpha * (p - r)
+    assert torch.allclose(grad, expected, atol=1e-12)
+
+
+def test_asft_kl_term_passes_gradcheck(y):
+    """The KL anchor has no stop-gradient: its closed-form gradient is the true derivative."""
+    from trl_emo.losses import asft_per_token
+
+    ref = torch.randn(4, V, dtype=torch.float64)
+    z = torch.randn(4, V, dtype=torch.float64, requires_grad=True)
+
+    def kl_only(x):
+        return asft_per_token(x, y[:4], alpha=1.0, reference=ref) - asft_per_token(x, y[:4], alpha=0.0, reference=ref)
+
+    assert torch.autograd.gradcheck(kl_only, (z,), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("g", [0.2, 0.5])
+def test_tailr_authors_formula_is_the_emo_repository_mixed_baseline(z, y, g):
+    """The EMO repository's TaiLr baseline at mixing ratio g, written the way its script combines it:
+    g * nll + (1 - g) * tailr(gamma = 1 - g, weight floored at 0.2)."""
+    gamma = 1.0 - g
+    nll = F.cross_entropy(z, y, reduction="none")
+    p_y = torch.softmax(z.detach(), -1).gather(-1, y[:, None]).squeeze(-1)
+    tvd = (p_y / (gamma + (1 - gamma) * p_y)).clamp(min=0.2) * nll
+    expected = g * nll + (1 - g) * tvd
+    ours = tailr_per_token(z, y, gamma, None, "authors")
+    assert torch.allclose(ours, expected, atol=1e-12)
+    assert torch.allclose(grad_of(lambda x: tailr_per_token(x, y, gamma, None, "authors"), z),
+                          grad_of(lambda x: g * F.cross_entropy(x, y, reduction="none")
+                                  + (1 - g) * (p_y / (gamma + (1 - gamma) * p_y)).clamp(min=0.2) * F.cross_entropy(x, y, reduction="none"), z),
+                          atol=1e-12)
+    # ... and a different loss from the floored paper formula at the same gamma (about 75% apart at g = 0.2).
+    paper = grad_of(lambda x: tailr_per_token(x, y, gamma, 0.2, "paper"), z)
+    authors = grad_of(lambda x: tailr_per_token(x, y, gamma, None, "authors"), z)
+    assert float((paper - authors).norm() / authors.norm()) > 0.1
+
+
+def test_emo_reference_and_paper_share_the_term_gradient_but_not_the_weighted_total(z, y, emb):
+    def grad(weighting, demd):
+        return grad_of(lambda x: emo_per_token(x, y, cost_embedding=emb, weighting=weighting, demd=demd, ratio_cap=None), z)
+
+    assert torch.allclose(grad("none", "reference"), grad("none", "paper"), atol=1e-12)
+    for weighting in ("mle", "emo"):
+        a, b = grad(weighting, "reference"), grad(weighting, "paper")
+        assert float((a - b).norm() / b.norm()) > 1e-3, weighting

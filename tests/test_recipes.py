@@ -49,8 +49,10 @@ def recipe_overrides(recipe: Path, tiny_models, fixtures: Path):
 
 def test_there_is_a_recipe_for_every_paper_setting():
     names = {p.name for p in RECIPES.glob("*.yaml")}
-    for base in ("gem_ultrafeedback", "emo_alpaca_gpt4", "emo_evol_instruct", "gem_metamath", "gem_magicoder", "dpo_ultrafeedback"):
+    for base in ("gem_ultrafeedback", "emo_alpaca_gpt4", "emo_evol_instruct", "gem_metamath", "gem_magicoder", "dpo_ultrafeedback",
+                 "emo_wikitext103_continual"):
         assert f"{base}.yaml" in names and f"{base}_qlora.yaml" in names, base
+    assert "emo_lm_gpt2.yaml" in names and {"eval_continuation.yaml", "eval_icl.yaml"} <= names
     assert {p.name for p in (RECIPES / "accelerate").glob("*.yaml")} == {"ddp.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
 
 
@@ -60,6 +62,12 @@ def test_sft_recipe_dry_runs_on_its_schema(recipe, tiny_models, tmp_path, capsys
     assert sft.run(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"loss_type: {config.get('loss_type', 'nll')}" in out
+    if config["dataset_schema"] == "plain_text":
+        # Packed blocks of max_length tokens, every token trained, starting with the first article of the fixture.
+        assert "packing_strategy: wrapped" in out and MASK_OPEN not in out.split("--- example 0", 1)[1]
+        assert f"--- example 2 ({config['max_length']} tokens, {config['max_length']} trained) ---" in out
+        assert out.split("--- example 0", 1)[1].split("\n", 1)[1].startswith(" = The red cat (train 0) =")
+        return
     assert "--- example 2" in out and MASK_OPEN in out
     if config.get("load_in_4bit"):
         assert "load_in_4bit: true" in out and "use_peft: true" in out
@@ -93,9 +101,22 @@ def test_evaluation_recipe_parses(recipe):
     from trl_emo.evaluation.config import EvalConfig
 
     (config,) = parse_config([EvalConfig], ["--recipe", str(recipe)])
+    if config.task == "continuation":  # EMO Table 1: ancestral sampling, 5 samples, Table 4 lengths
+        assert (config.n, config.temperature, config.top_k, config.top_p) == (5, 1.0, 0, 1.0)
+        assert (config.continuation_prefix_words, config.max_new_tokens, config.min_new_tokens) == (20, 80, 80)
+        return
+    if config.task == "icl":  # EMO Table 3: the eight benchmarks, 8 retrieved demonstrations
+        assert len(config.icl_benchmarks) == 8 and config.icl_num_demonstrations == 8
+        return
     assert set(config.policies) == {"ce", "gem"}
     if config.task == "ifeval":  # GEM's Table 1: greedy decoding, 1,024 new tokens
         assert config.n is None and config.temperature is None and config.max_new_tokens == 1024
+    elif config.task in ("humaneval", "mbpp"):  # Appendix D: 200 samples, pass@{1,10,20,50,100}; opt-in on the CLI
+        assert (config.n, config.temperature, config.code_k_values) == (200, 0.6, [1, 10, 20, 50, 100])
+        assert config.allow_code_execution is False
+    elif config.task == "creative":  # Table 2: 16 samples at temperature 1.0, 512 new tokens
+        assert (config.n, config.temperature, config.max_new_tokens) == (16, 1.0, 512)
+        assert "titled '{title}' with no more than 200 words" in config.creative_template
     else:
         assert config.n == 32 and config.temperature == 0.6
 

@@ -22,6 +22,8 @@ LOSSES = [
     ("tailr", {}),
     ("mixce", {}),
     ("ce_entropy", {}),
+    ("eaft", {}),
+    ("eaft", {"eaft_entropy": "full"}),
 ]
 
 
@@ -378,3 +380,9 @@ def test_label_ids_past_the_head_are_a_vocabulary_error(make_model, path):
             objective.fused(torch.randn(2, 32), model.get_output_embeddings().weight, None, torch.tensor([1, vocab + 3]))
         else:
             objective.from_logits(torch.randn(1, 3, vocab), torch.tensor([[0, 1, vocab + 3]]), model)
+
+
+def test_eaft_topk_beyond_the_vocabulary_is_refused_when_the_trainer_is_built(tmp_path, make_model, tokenizer, pc_dataset):
+    args = cpu_config(tmp_path, loss_type="eaft", eaft_topk=10_000)
+    with pytest.raises(ValueError, match="eaft_topk=10000 is larger than the model's vocabulary"):
+        SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)

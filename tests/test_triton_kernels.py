@@ -18,6 +18,7 @@ pytest.importorskip("triton", reason="the Triton kernels need `pip install trito
 
 from trl_emo.losses import CostEmbedding, HeadTransform, fused_linear_loss, get_loss, register_loss, unregister_loss  # noqa: E402
 from trl_emo.losses import _triton, fused, nll  # noqa: E402
+from trl_emo.losses.asft import ReferenceHead  # noqa: E402
 
 from loss_cases import case_id, cases  # noqa: E402
 
@@ -47,8 +48,17 @@ def inputs(seed, dtype=torch.float32, bias=False):
     return hidden, weight, b, targets, cost
 
 
-def with_cost(name, hp, cost):
-    return {**hp, "cost_embedding": cost} if get_loss(name).uses_cost_embedding else dict(hp)
+def with_cost(name, hp, cost, hidden=None, weight=None):
+    """The loss's keyword arguments: EMO's cost embedding; for ASFT a reference head (another head)."""
+    spec = get_loss(name)
+    out = dict(hp)
+    if spec.uses_cost_embedding:
+        out["cost_embedding"] = cost
+    if spec.needs_reference:
+        g = torch.Generator().manual_seed(11)
+        ref_weight = weight.detach() + 0.3 * torch.randn(weight.shape, generator=g).to(weight.device, weight.dtype)
+        out["reference"] = ReferenceHead(hidden.detach(), ref_weight, logit_scale=0.8, softcap=6.0)
+    return out
 
 
 def run(name, hp, hidden, weight, bias, targets, backend, **kwargs):
@@ -81,7 +91,7 @@ def assert_same(got, want, tol):
 @pytest.mark.parametrize(("name", "hp"), CASES, ids=IDS)
 def test_row_kernel_equals_the_pytorch_kernel(name, hp):
     hidden, weight, _, targets, cost = inputs(0)
-    hp = with_cost(name, hp, cost)
+    hp = with_cost(name, hp, cost, hidden, weight)
     got = run(name, hp, hidden, weight, None, targets, "triton", chunk_size=16)
     want = run(name, hp, hidden, weight, None, targets, "torch", chunk_size=16)
     assert_same(got, want, 2e-5)
@@ -90,7 +100,7 @@ def test_row_kernel_equals_the_pytorch_kernel(name, hp):
 @pytest.mark.parametrize(("name", "hp"), CASES, ids=IDS)
 def test_row_kernel_with_bias_scale_softcap_and_num_items(name, hp):
     hidden, weight, bias, targets, cost = inputs(1, bias=True)
-    hp = with_cost(name, hp, cost)
+    hp = with_cost(name, hp, cost, hidden, weight)
     kwargs = {"chunk_size": 20, "transform": HeadTransform(logit_scale=0.5, softcap=4.0), "num_items_in_batch": 3 * N}
     got = run(name, hp, hidden, weight, bias, targets, "triton", **kwargs)
     want = run(name, hp, hidden, weight, bias, targets, "torch", **kwargs)
@@ -196,10 +206,10 @@ def test_chunk_rows_follow_the_memory_budget():
         spec=get_loss("gem"), hparams={}, transform=HeadTransform(), backend="triton", chunk_size=None,
         chunk_memory=None, compute_dtype=torch.bfloat16, want_grad=True,
     )
-    assert plan.chunk_rows(128_256, 16_384) == 1024
+    assert plan.chunk_rows(128_256, 16_384) == 1280
     assert plan.chunk_rows(128_256, 100) == 128  # never more rows than positions (rounded to whole tiles)
     emo_plan = fused._Plan(**{**plan.__dict__, "spec": get_loss("emo")})
-    assert emo_plan.chunk_rows(128_256, 16_384) == 512  # two [n, V] buffers in the same budget
+    assert emo_plan.chunk_rows(128_256, 16_384) == 1024  # 1.25 [n, V] buffers in the same budget
     small = fused._Plan(**{**plan.__dict__, "chunk_memory": 64 * 2**20})
     rows = small.chunk_rows(128_256, 16_384)
     assert rows * 128_256 * 2 <= 64 * 2**20 and rows % 64 == 0

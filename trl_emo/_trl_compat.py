@@ -270,7 +270,8 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
     Repeats `SFTTrainer.__init__`'s choice of the training chat template (`assistant_only_loss` with a template
     without `{% generation %}` markers) and of the completion-only loss (on for prompt/completion rows unless set),
     then calls `SFTTrainer._prepare_dataset` with a stand-in for the trainer holding the three attributes it reads
-    (TRL 1.16 `trl/trainer/sft_trainer.py`). Rows are prepared unpacked, one example each.
+    (TRL 1.16 `trl/trainer/sft_trainer.py`). With `packing`, the first `n` rows are packed as the trainer packs them
+    (a plain-text dry run shows the blocks that train), and the first `n` blocks returned.
     """
     from trl import SFTTrainer as TRLSFTTrainer
     from trl.chat_template_utils import get_training_chat_template
@@ -289,4 +290,8 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
 
         raise ConfigError("assistant_only_loss=True needs conversational data, but the formatted dataset is not.")
     stand_in = types.SimpleNamespace(_tokenizer=tokenizer, completion_only_loss=completion_only, chat_template=chat_template)
-    return TRLSFTTrainer._prepare_dataset(stand_in, rows, tokenizer, training_args, False, None, "dry-run")
+    # Packed like the trainer packs them, so a plain-text dry run shows the blocks that train.
+    prepared = TRLSFTTrainer._prepare_dataset(
+        stand_in, rows, tokenizer, training_args, training_args.packing, None, "dry-run"
+    )
+    return prepared.select(range(min(n, len(prepared))))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,12 +51,28 @@ class SFTConfig(_TRLSFTConfig):
             Memory budget in MiB for one chunk's `[positions, vocabulary]` buffers; the chunk size follows from it.
             Defaults to 256 on the Triton path (1,024 positions of a bf16 128,256-token vocabulary; EMO, which needs a
             second buffer, 512) and 512 on the PyTorch path (four float32 buffers: 1,048 positions at 32,000 tokens).
-            Larger chunks keep the products efficient; smaller ones save memory.
+            Larger chunks keep the products efficient and round a bf16 head's gradient fewer times; smaller ones
+            save memory.
+        fused_fp32_head_grad (`bool`, *optional*, defaults to `False`):
+            On the Triton path with a half-precision head, accumulate the head's gradient over the chunks in float32
+            and round it once at the end, instead of in the head's dtype once per chunk (what Liger's kernel does).
+            More accurate (measured at 16,384 tokens x 128,256 vocabulary: 1.7e-3 relative error instead of 6e-3,
+            see `docs/benchmarks.md`) for twice the head's size in memory (2 GiB at Llama-3's head). A float32 head
+            (autocast training) is always accumulated in float32; a frozen head (LoRA) has no gradient.
         gem_beta (`float`, *optional*, defaults to `0.7`):
             GEM's `beta` in (0, 1]: the temperature of the stop-gradient copy of the model. `1.0` with
             `gem_h="linear"` gives exactly the cross-entropy gradient.
         gem_h (`str`, *optional*, defaults to `"linear"`):
             GEM's `h`: `"linear"` or `"logsigmoid"` (the GEM paper's UltraFeedback setting).
+        gem_target_entropy (`float`, *optional*):
+            Mean token entropy (nats per target token) GEM should keep. When set, `gem_beta` is only the starting value:
+            after every optimizer step `log(gem_beta)` moves by `gem_beta_step` times the gap between the target and the
+            step's mean entropy (over all processes), within `[gem_beta_min, 1]`; the current value is logged as
+            `gem_beta` and restored on resume. Must be in `(0, ln V)`. Default: a fixed `gem_beta`.
+        gem_beta_min (`float`, *optional*, defaults to `0.3`):
+            Lower bound of the adaptive `gem_beta` (with `gem_target_entropy`).
+        gem_beta_step (`float`, *optional*, defaults to `0.05`):
+            Step of the adaptive `gem_beta`, in `log(beta)` per nat of entropy gap per optimizer step.
         emo_cost_embedding (`str`, *optional*, defaults to `"frozen"`):
             Source of EMO's transport cost `1 - cos(e_i, e_j)`. `"frozen"`: a snapshot of the model's output
             embedding taken when training starts (after any token resizing), never updated (the paper's setting).
@@ -67,20 +84,43 @@ class SFTConfig(_TRLSFTConfig):
             default), `"emo"` (`emo + sg(emo / nll) nll`) or `"none"` (the EMO term alone).
         emo_demd (`str`, *optional*, defaults to `"reference"`):
             Value of the EMO term: `"paper"` is the DEMD of the paper (eq. 14); `"reference"` adds `sg(p_y)`, as the
-            authors' code does. The gradient is the same; only the dynamic weight differs.
+            authors' code does. The EMO *term* has the same gradient either way, but the dynamic weights of `"mle"` and
+            `"emo"` weighting read the term's value, so the total gradient differs (by 1% (`mle`) to 21% (`emo`) relative
+            on random float64 logits); with `emo_weighting="none"` the two are identical.
         emo_ratio_cap (`float`, *optional*):
             Upper bound on EMO's dynamic weight (the authors' continual fine-tuning code uses `3.0`). No cap by
             default.
         tailr_gamma (`float`, *optional*, defaults to `0.8`):
             TaiLr's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         tailr_min_weight (`float`, *optional*):
-            Floor on TaiLr's weight `p_y / (gamma + (1 - gamma) p_y)`. None (default) is the EMO paper's eq. 16;
-            the EMO authors' script uses `0.2`. Without a floor, tokens the model finds unlikely get almost no
-            gradient and TaiLr can collapse to a low-entropy model (seen in `docs/oracle_study.md`).
+            Floor on TaiLr's weight `p_y / (gamma + (1 - gamma) p_y)`. None (default) is the EMO paper's eq. 16. Without
+            a floor, tokens the model finds unlikely get almost no gradient and TaiLr can collapse to a low-entropy
+            model (seen in `docs/oracle_study.md`).
+        tailr_formula (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: the EMO paper's eq. 16 (with `tailr_min_weight` if set). `"authors"`: the TaiLr baseline of the
+            EMO repository (the "tvd" mode of its GPT-2 script) at mixing ratio `g = 1 - tailr_gamma`:
+            `g * nll + (1 - g) * TaiLr(tailr_gamma)` with the weight floored at 0.2 (or `tailr_min_weight`). The
+            recipes that reproduce the EMO paper's baselines use it; `docs/losses.md` maps both to the authors' code.
         mixce_gamma (`float`, *optional*, defaults to `0.8`):
             MixCE's `gamma` in [0, 1] (the EMO paper sweeps 0.7-0.9).
         entropy_coef (`float`, *optional*, defaults to `0.1`):
             `lambda` of `ce_entropy`: `nll - lambda * entropy` (the GEM paper's baseline uses 0.1).
+        eaft_alpha (`float`, *optional*, defaults to `1.0`):
+            EAFT's exponent: each token's cross-entropy is weighted by `(H / H_max) ** eaft_alpha` (no gradient through
+            the weight). `0` is plain cross-entropy.
+        eaft_entropy (`str`, *optional*, defaults to `"topk"`):
+            EAFT's entropy `H`: `"topk"`, the entropy of the softmax renormalised over the `eaft_topk` largest logits
+            (`H_max = ln(eaft_topk)`; LLaMA-Factory divides by the constant 3.0 ≈ ln 20 instead), or `"full"`, the
+            full-vocabulary entropy (`H_max = ln(V)`).
+        eaft_topk (`int`, *optional*, defaults to `20`):
+            `k` of `eaft_entropy="topk"` (axolotl's `eaft_k`); at least 2 and at most the vocabulary size.
+        asft_alpha (`float`, *optional*, defaults to `0.1`):
+            ASFT's anchor: `-sg(p_y) log p_y + asft_alpha * KL(pi_ref || pi_theta)` per token. `0` is DFT, and then no
+            reference model is run at all.
+        asft_ref_model (`str`, *optional*):
+            ASFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
+            starting weights (under PEFT, the base model with the adapters disabled, no second copy in memory; in full
+            fine-tuning, a frozen copy loaded once). Only valid with `loss_type="asft"`.
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
@@ -117,12 +157,21 @@ class SFTConfig(_TRLSFTConfig):
         default=None,
         metadata={"help": "Target positions per chunk of the fused loss (overrides fused_chunk_memory_mb)."},
     )
+    fused_fp32_head_grad: bool = field(
+        default=False,
+        metadata={"help": "Accumulate a bf16/fp16 head's gradient in float32 (more accurate, 2x the head's memory)."},
+    )
     fused_chunk_memory_mb: float | None = field(
         default=None,
         metadata={"help": "MiB for one chunk's [positions, vocab] buffers (default 256 with Triton, 512 with PyTorch)."},
     )
     gem_beta: float = field(default=0.7, metadata={"help": "GEM beta in (0, 1]."})
     gem_h: str = field(default="linear", metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
+    gem_target_entropy: float | None = field(
+        default=None, metadata={"help": "Adapt gem_beta toward this mean token entropy (nats); default: fixed beta."}
+    )
+    gem_beta_min: float = field(default=0.3, metadata={"help": "Lower bound of the adaptive gem_beta."})
+    gem_beta_step: float = field(default=0.05, metadata={"help": "Step of the adaptive gem_beta (log beta per nat)."})
     emo_cost_embedding: str = field(
         default="frozen",
         metadata={
@@ -135,10 +184,22 @@ class SFTConfig(_TRLSFTConfig):
     emo_ratio_cap: float | None = field(default=None, metadata={"help": "Cap on EMO's dynamic weight (none by default)."})
     tailr_gamma: float = field(default=0.8, metadata={"help": "TaiLr gamma in [0, 1]."})
     tailr_min_weight: float | None = field(
-        default=None, metadata={"help": "Floor on TaiLr's weight (the authors' script: 0.2; none: the paper's eq. 16)."}
+        default=None, metadata={"help": "Floor on TaiLr's weight (none: the paper's eq. 16)."}
+    )
+    tailr_formula: str = field(
+        default="paper",
+        metadata={"help": "TaiLr: 'paper' (eq. 16) or 'authors' (the EMO repository's nll-mixed baseline)."},
     )
     mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
     entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
+    eaft_alpha: float = field(default=1.0, metadata={"help": "EAFT exponent of the normalised entropy (>= 0)."})
+    eaft_entropy: str = field(default="topk", metadata={"help": "EAFT entropy: 'topk' or 'full'."})
+    eaft_topk: int = field(default=20, metadata={"help": "k of EAFT's top-k entropy."})
+    asft_alpha: float = field(default=0.1, metadata={"help": "ASFT weight of KL(reference || model) (>= 0; 0 is DFT)."})
+    asft_ref_model: str | None = field(
+        default=None,
+        metadata={"help": "ASFT reference model (folder or Hub id); default: the model's starting weights."},
+    )
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
@@ -180,6 +241,25 @@ class SFTConfig(_TRLSFTConfig):
             raise ValueError(
                 f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."
             )
+        if self.gem_target_entropy is not None:
+            if self.loss_type != "gem":
+                raise ValueError(
+                    f"gem_target_entropy is set but loss_type is {self.loss_type!r}: it adapts GEM's beta. Remove it or "
+                    "set loss_type: gem."
+                )
+            if not isinstance(self.gem_target_entropy, (int, float)) or isinstance(self.gem_target_entropy, bool) or not (
+                self.gem_target_entropy > 0 and math.isfinite(self.gem_target_entropy)
+            ):
+                raise ValueError(f"gem_target_entropy must be a positive number of nats, got {self.gem_target_entropy!r}.")
+        if not (isinstance(self.gem_beta_min, (int, float)) and 0 < self.gem_beta_min <= 1):
+            raise ValueError(f"gem_beta_min must be in (0, 1], got {self.gem_beta_min!r}.")
+        if not (isinstance(self.gem_beta_step, (int, float)) and self.gem_beta_step > 0 and math.isfinite(self.gem_beta_step)):
+            raise ValueError(f"gem_beta_step must be a positive number, got {self.gem_beta_step!r}.")
+        if self.asft_ref_model is not None and self.loss_type != "asft":
+            raise ValueError(
+                f"asft_ref_model is set but loss_type is {self.loss_type!r}: the reference model is only used by "
+                "loss_type='asft'. Remove asft_ref_model or set loss_type: asft."
+            )
         if self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
             raise ValueError(f"loss_kwargs must be a mapping, got {type(self.loss_kwargs).__name__}.")
         # Every built-in hyper-parameter is checked whatever the loss, so a typo in a recipe fails
@@ -205,3 +285,11 @@ class SFTConfig(_TRLSFTConfig):
             )
         hparams.update(self.loss_kwargs or {})
         return hparams
+
+
+def loss_defaults(loss_type: str) -> dict[str, Any]:
+    """The hyper-parameters of a registered loss as `SFTConfig` sets them by default (their one home)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(SFTConfig)}
+    return {kw: fields[attr].default for kw, attr in get_loss(loss_type).config_fields.items()}

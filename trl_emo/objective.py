@@ -50,6 +50,7 @@ class Objective:
         trust_remote_code: bool = False,
         chunk_memory: int | None = None,
         backend: str = "auto",
+        fp32_head_grad: bool = False,
     ):
         self.spec = get_loss(loss_type)
         self.hparams = dict(hparams)
@@ -57,6 +58,7 @@ class Objective:
         self.chunk_size = chunk_size
         self.chunk_memory = chunk_memory
         self.backend = backend
+        self.fp32_head_grad = fp32_head_grad
         self.trust_remote_code = trust_remote_code
         self.cost: CostEmbedding | None = None
         # Set when a frozen snapshot was asked for but the head itself is frozen (see prepare_cost).
@@ -142,6 +144,7 @@ class Objective:
             chunk_memory=self.chunk_memory,
             transform=transform,
             backend=self.backend,
+            fp32_weight_grad=self.fp32_head_grad,
         )
 
     def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> FusedLossOutput:

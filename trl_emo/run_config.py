@@ -179,8 +179,8 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     In order: required fields checked; `resume_from_checkpoint` resolved; an empty `chat_template_path` unset; the
     tokenizer loaded (with that template); the datasets loaded and formatted; `assistant_only_loss` turned on for
     `messages` data unless the user set it, and, when the chat template has no `{% generation %}` markers, the
-    conversations routed through TRL's completion-only loss (`assistant_only_loss` off again, same loss); the eval split
-    checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError` in one line.
+    conversations routed through TRL's completion-only loss (`assistant_only_loss` off again, same loss); packing
+    advice for plain-text corpora logged; the eval split checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError` in one line.
     """
     from .data import load_sft_datasets
 
@@ -231,6 +231,11 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
                 "trains as conversational prompt/completion, the prompt masked by TRL's completion-only loss"
             )
     info.assistant_only_loss = training_args.assistant_only_loss
+    if info.schema == "plain_text":
+        from .data.plain_text import packing_warnings
+
+        for warning in packing_warnings(training_args):
+            logger.warning(warning)
     if training_args.eval_strategy != "no" and eval_dataset is None:
         raise ConfigError(
             f"eval_strategy={training_args.eval_strategy!s} but the dataset has no {script_args.dataset_test_split!r} "

@@ -75,6 +75,7 @@ class SFTTrainer(_TRLSFTTrainer):
                 trust_remote_code=args.trust_remote_code,
                 chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
                 backend=args.fused_backend,
+                fp32_head_grad=args.fused_fp32_head_grad,
             )
             with compat.trl_builds_own_loss_trainer(args):
                 super().__init__(model, args, *positional, **kwargs)
@@ -104,6 +105,8 @@ class SFTTrainer(_TRLSFTTrainer):
                 f"has {vocab} rows, so some labels could not be scored. Resize the model first: "
                 "`model.resize_token_embeddings(len(tokenizer))`."
             )
+        if self._objective.spec.validate_vocab is not None:
+            self._objective.spec.validate_vocab(self._objective.hparams, vocab)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if self._objective is not None and self._objective.needs_cost:

@@ -31,6 +31,13 @@ class DataArguments:
             Keep only the first N training rows (no shuffling here: the trainer shuffles).
         max_eval_samples (`int` or `None`, *optional*, defaults to `None`):
             Keep only the first N evaluation rows.
+        text_column (`str` or `None`, *optional*, defaults to `None`):
+            `plain_text` only: the column holding the text; `None` takes the known corpus's (`sentence` for PTB),
+            else `text`, else the only column.
+        text_documents (`str`, *optional*, defaults to `"auto"`):
+            `plain_text` only: what a document is. `"rows"` (each non-blank row), `"wikitext"` (rows are lines; a
+            ` = Title = ` line starts an article) or `"auto"` (`wikitext` for WikiText, else `rows`). Each document
+            gets one EOS before TRL packs the documents into blocks.
     """
 
     dataset_schema: str = field(
@@ -56,6 +63,14 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N evaluation rows."}
     )
+    text_column: str | None = field(
+        default=None, metadata={"help": "plain_text: the text column (default: the corpus's, else `text`)."}
+    )
+    text_documents: str = field(
+        default="auto",
+        metadata={"help": "plain_text: 'rows', 'wikitext' (lines joined into articles) or 'auto'.",
+                  "choices": ["auto", "rows", "wikitext"]},
+    )
 
     def __post_init__(self):
         if self.dataset_schema not in schema_names():
@@ -63,6 +78,8 @@ class DataArguments:
                 f"Invalid dataset_schema {self.dataset_schema!r}; valid values: {', '.join(schema_names())}."
             )
         self.prompt_format = check_prompt_format(self.prompt_format)
+        if self.text_documents not in ("auto", "rows", "wikitext"):
+            raise ValueError(f"Invalid text_documents {self.text_documents!r}; valid values: auto, rows, wikitext.")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -20,7 +20,10 @@ from ..sources import locate, looks_like_path  # noqa: F401 - `looks_like_path`:
 from .schemas import SCHEMAS, DataError, DataPathError
 
 # Extension -> `datasets` packaged builder.
-SUPPORTED_EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+SUPPORTED_EXTENSIONS = {
+    ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow",
+    ".txt": "text",  # one row per line, in a `text` column (plain-text corpora)
+}
 _SHARD = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}$")
 
 
@@ -174,7 +177,7 @@ def _load_files(files: list[str], what: str):
     `DataError`s that name the files."""
     from datasets import Dataset, load_dataset
 
-    if all(Path(file).suffix.lower() in (".json", ".jsonl", ".csv") and _is_empty_file(file) for file in files):
+    if all(Path(file).suffix.lower() in (".json", ".jsonl", ".csv", ".txt") and _is_empty_file(file) for file in files):
         # `datasets` cannot even infer a schema from an empty file; report it like any other empty split.
         return Dataset.from_dict({})
     builder = SUPPORTED_EXTENSIONS[Path(files[0]).suffix.lower()]

@@ -128,6 +128,10 @@ def load_sft_datasets(script_args, data_args, tokenizer):
     schema = _resolve_schema(data_args.dataset_schema, train.features, preference=False)
     if not get_schema(schema).sft:
         raise DataError(f"Schema {schema!r} holds preference pairs; use it for DPO (trl_emo.dpo), not SFT.")
+    if schema == "plain_text":  # a dataset-level conversion (rows -> documents), not a per-row adapter
+        from .plain_text import prepare_plain_text
+
+        return prepare_plain_text(source, train, train_split, evaluation, eval_split, script_args, data_args)
     validate_columns(train.features, schema)
     if evaluation is not None:
         validate_columns(evaluation.features, schema)

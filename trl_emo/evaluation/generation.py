@@ -102,6 +102,8 @@ def generation_settings(config: EvalConfig, path: str, prompt_set: PromptSet, nu
         settings["base_model"] = file_signature(os.path.expanduser(base))
     if config.backend == "hf":
         settings["generation_batch_size"] = config.generation_batch_size
+    if config.min_new_tokens:  # only when set, so caches written before the field existed stay valid
+        settings["min_new_tokens"] = config.min_new_tokens
     return settings
 
 
@@ -140,6 +142,8 @@ class HFGenerator:
             eos_token_id=self.stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
         )
+        if self.config.min_new_tokens:
+            kwargs["min_new_tokens"] = self.config.min_new_tokens
         if greedy:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None, num_return_sequences=1)
         else:
@@ -217,7 +221,9 @@ class VLLMGenerator:
     ) -> list[list[dict]]:
         # Token ids, not text: vLLM would add a BOS to a template that already has one.
         inputs = [{"prompt_token_ids": encode_once(self.tokenizer, text)["input_ids"]} for text in prompts]
-        common = dict(max_tokens=self.config.max_new_tokens, stop_token_ids=self.stop_ids)
+        common = dict(
+            max_tokens=self.config.max_new_tokens, stop_token_ids=self.stop_ids, min_tokens=self.config.min_new_tokens or 0
+        )
         if greedy:
             params = [self.SamplingParams(n=1, temperature=0.0, **common)] * len(prompts)
         else:

@@ -275,9 +275,31 @@ def majority_vote(answers: Sequence[str | None]) -> str | None:
 
 
 def pass_at_k_unbiased(num_samples: int, num_correct: int, k: int) -> float:
-    """1 − C(n−c, k) / C(n, k): the chance that a random k-subset holds a correct sample."""
+    """1 − C(n−c, k) / C(n, k): the chance that a random k-subset holds a correct sample.
+
+    Computed as (C(n, k) − C(n−c, k)) / C(n, k) between exact integers, so the result is the exact value
+    correctly rounded once (no cancellation in `1 − x`, no overflow for n = 200 and any k).
+    """
     _check_k(num_samples, k)
-    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+    if not 0 <= num_correct <= num_samples:
+        raise ValueError(f"num_correct must be in [0, {num_samples}], got {num_correct}")
+    total = math.comb(num_samples, k)
+    return (total - math.comb(num_samples - num_correct, k)) / total
+
+
+def pass_at_k_curve(correct: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict:
+    """pass@k ×100 for each k, averaged over problems: `unbiased` (all k-subsets of the n samples, the
+    estimator of Chen et al. 2021) and `first_k` (a correct sample among the first k)."""
+    if not correct:
+        raise ValueError("no problem to score")
+    return {
+        "k": list(ks),
+        "unbiased": [
+            100.0 * float(np.mean([pass_at_k_unbiased(len(row), sum(map(bool, row)), k) for row in correct]))
+            for k in ks
+        ],
+        "first_k": [100.0 * float(np.mean([any(row[:k]) for row in correct])) for k in ks],
+    }
 
 
 def majority_vote_subset_average(

@@ -51,6 +51,15 @@ class PromptSet:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# Files a task may look for by name (e.g. `icl`'s `<folder>/<benchmark>/<split>.jsonl`).
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
+
+
+def is_local(path: str) -> bool:
+    """Whether `path` names local data rather than a Hub dataset (`trl_emo.sources.locate`, the one rule)."""
+    return locate(path)[0] != "hub"
+
+
 def read_rows(source: str, config_name: str | None = None, split: str | None = None) -> list[dict]:
     """Rows of a prompt set: a Hub dataset split, or a local file, folder of split files or `save_to_disk` folder,
     read by `trl_emo.data.loading` like the training data. A single file is the whole prompt set, whatever `split`
@@ -225,8 +234,7 @@ def load_prompt_set(
     if config.reference_column and not any(e.reference is not None for e in examples):
         raise EvaluationError(f"reference_column {config.reference_column!r} holds no reference response.")
     # Absolute for local files, so the cache fingerprint does not depend on the working directory.
-    kind, _ = locate(config.prompts)
-    location = os.path.abspath(os.path.expanduser(config.prompts)) if kind == "local" else config.prompts
+    location = os.path.abspath(os.path.expanduser(config.prompts)) if is_local(config.prompts) else config.prompts
     source = {
         "prompts": location,
         "config": config.prompts_config,

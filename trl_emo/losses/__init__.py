@@ -12,7 +12,7 @@ fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the r
 
 from __future__ import annotations
 
-from . import ce_entropy, emo, gem, mixce, nll, tailr
+from . import asft, ce_entropy, eaft, emo, gem, mixce, nll, tailr
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
@@ -24,6 +24,8 @@ add_loss(emo.LOSS)
 add_loss(tailr.LOSS)
 add_loss(mixce.LOSS)
 add_loss(ce_entropy.LOSS)
+add_loss(eaft.LOSS)
+add_loss(asft.LOSS)
 
 # The reference per-token functions under descriptive names.
 nll_per_token = nll.per_token
@@ -32,6 +34,8 @@ emo_per_token = emo.per_token
 tailr_per_token = tailr.per_token
 mixce_per_token = mixce.per_token
 ce_entropy_per_token = ce_entropy.per_token
+eaft_per_token = eaft.per_token
+asft_per_token = asft.per_token
 
 __all__ = [
     "BACKENDS",
@@ -43,7 +47,9 @@ __all__ = [
     "UnknownLossError",
     "add_loss",
     "causal_lm_loss",
+    "asft_per_token",
     "ce_entropy_per_token",
+    "eaft_per_token",
     "emo_per_token",
     "fused_linear_loss",
     "gem_per_token",

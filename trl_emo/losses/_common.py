@@ -125,6 +125,20 @@ def ce_grad_(s: SoftmaxStats, targets: torch.Tensor) -> torch.Tensor:
     return grad
 
 
+def weighted_nll_per_token(logits, targets, weight_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`-sg(w(p_y)) log p_y`, the form of TaiLr and MixCE (and of DFT)."""
+    logp_y = target_log_prob(log_softmax(logits), targets)
+    return -weight_of(logp_y.exp().detach()) * logp_y
+
+
+def weighted_nll_chunk(z, targets, want_grad, weight_of: Callable[[torch.Tensor], torch.Tensor]) -> ChunkResult:
+    """Closed form of `weighted_nll_per_token`: `∂ℓ/∂z = w (p - e_y)`."""
+    s = softmax_stats(z, targets)
+    w = weight_of(s.nll.neg().exp())
+    grad = ce_grad_(s, targets).mul_(w[:, None]) if want_grad else None
+    return s.result(w * s.nll, grad)
+
+
 def autograd_chunk(per_token: Callable[..., torch.Tensor]):
     """A chunk kernel for a loss registered without one: the gradient of its per-token function by autograd."""
 

@@ -27,7 +27,7 @@ undecorated, and the fused path never selects a row kernel.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -94,6 +94,39 @@ def load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS: tl.cons
 
 
 @triton.jit
+def row_inputs(Z, z_stride, Y, ZY):
+    """This program's row: its index, its logits, its target id and its (float32) target logit."""
+    row = tl.program_id(0).to(tl.int64)
+    return row, Z + row * z_stride, tl.load(Y + row), tl.load(ZY + row)
+
+
+@triton.jit
+def logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns `off : off + BLOCK` of the row: their indices, validity and transformed logits."""
+    offs = off + tl.arange(0, BLOCK)
+    mask = offs < V
+    return offs, mask, load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
+
+
+@triton.jit
+def running_max(m, idx, z, off):
+    """The running max after this block, and the first index where it is reached (torch's argmax)."""
+    block_max = tl.max(z, 0)
+    idx = tl.where(block_max > m, off + tl.argmax(z, 0), idx)
+    return tl.maximum(m, block_max), idx
+
+
+@triton.jit
+def softmax_sums(m, m_new, s, t, z):
+    """`s = Σ e`, `t = Σ e (z - m)` with `e = exp(z - m)`, moved from the old running max to the new one."""
+    alpha = tl.exp(m - m_new)
+    e = tl.exp(z - m_new)
+    t = alpha * (t + s * (m - m_new)) + tl.sum(e * (z - m_new), 0)
+    s = alpha * s + tl.sum(e, 0)
+    return s, t, e
+
+
+@triton.jit
 def softmax_pass(Z_row, BIAS, V, logit_scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
     """Pass 1 of the cross-entropy family: `(lse, entropy, argmax)` of `softmax(z)` in one read.
 
@@ -105,19 +138,25 @@ def softmax_pass(Z_row, BIAS, V, logit_scale, softcap, HAS_BIAS: tl.constexpr, H
     t = 0.0
     idx = 0
     for off in range(0, V, BLOCK):
-        offs = off + tl.arange(0, BLOCK)
-        mask = offs < V
-        z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
-        block_max = tl.max(z, 0)
-        idx = tl.where(block_max > m, off + tl.argmax(z, 0), idx)
-        m_new = tl.maximum(m, block_max)
-        alpha = tl.exp(m - m_new)
-        e = tl.exp(z - m_new)
-        t = alpha * (t + s * (m - m_new)) + tl.sum(e * (z - m_new), 0)
-        s = alpha * s + tl.sum(e, 0)
+        offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
+        m_new, idx = running_max(m, idx, z, off)
+        s, t, e = softmax_sums(m, m_new, s, t, z)
         m = m_new
     log_s = tl.log(s)
     return m + log_s, log_s - t / s, idx
+
+
+@triton.jit
+def weighted_ce_grad(
+    Z_row, BIAS, V, lse, y, w, GRAD_SCALE, logit_scale, softcap,
+    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Pass 2 of `ℓ = -sg(w) log p_y` (cross-entropy when `w = 1`): `∂ℓ/∂z = w (p - e_y)`."""
+    grad_scale = tl.load(GRAD_SCALE)
+    for off in range(0, V, BLOCK):
+        offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
+        g = w * (tl.exp(z - lse) - tl.where(offs == y, 1.0, 0.0))
+        store_grad(Z_row, offs, mask, g, z, grad_scale, logit_scale, softcap, HAS_SOFTCAP)
 
 
 @triton.jit
@@ -161,11 +200,21 @@ class RowLaunch:
     logit_scale: float
     softcap: float | None
     write_grad: bool
-    scratch: list[torch.Tensor] = field(default_factory=list)  # the loss's extra [n, V] buffers
+    scratch: torch.Tensor | None = None  # the loss's extra [rows, V] buffer (`LossSpec.scratch_rows`)
 
     @property
     def rows(self) -> int:
         return self.z.shape[0]
+
+    def part(self, start: int, end: int) -> RowLaunch:
+        """The same launch for rows `start:end` of the chunk."""
+        return replace(
+            self,
+            z=self.z[start:end],
+            targets=self.targets[start:end],
+            target_logits=self.target_logits[start:end],
+            stats=self.stats[:, start:end],
+        )
 
     @property
     def vocab(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from ._common import log_softmax, softmax_stats, target_log_prob
-from ._triton import RowLaunch, load_logits, softmax_pass, store_grad, store_stats, tl, triton
+from ._triton import RowLaunch, logits_block, row_inputs, softmax_pass, store_grad, store_stats, tl, triton
 from .registry import LossSpec
 
 
@@ -40,19 +40,14 @@ def _rows(
     coef,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    Z_row = Z + row * z_stride
-    y = tl.load(Y + row)
-    z_y = tl.load(ZY + row)
+    row, Z_row, y, z_y = row_inputs(Z, z_stride, Y, ZY)
     lse, entropy, idx = softmax_pass(Z_row, BIAS, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
     nll = lse - z_y
     store_stats(STATS, stats_stride, row, nll - coef * entropy, nll, entropy, (idx == y).to(tl.float32))
     if WRITE_GRAD:
         grad_scale = tl.load(GRAD_SCALE)
         for off in range(0, V, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            mask = offs < V
-            z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
+            offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
             logp = z - lse
             g = tl.exp(logp) * (1.0 + coef * (logp + entropy)) - tl.where(offs == y, 1.0, 0.0)
             store_grad(Z_row, offs, mask, g, z, grad_scale, logit_scale, softcap, HAS_SOFTCAP)

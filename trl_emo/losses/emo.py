@@ -18,7 +18,7 @@ import math
 import torch
 
 from ._common import check_choice, log_softmax, softmax_stats, target_log_prob, upcast
-from ._triton import RowLaunch, load_logits, store_grad, store_stats, tl, triton
+from ._triton import RowLaunch, logits_block, row_inputs, running_max, softmax_sums, store_grad, store_stats, tl, triton
 from .cost import CostEmbedding
 from .registry import LossSpec
 
@@ -99,12 +99,9 @@ def _rows(
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # WEIGHTING: 0 = mle, 1 = emo, 2 = none. C holds the raw products E_y E^T of this chunk.
-    row = tl.program_id(0).to(tl.int64)
-    Z_row = Z + row * z_stride
+    row, Z_row, y, z_y = row_inputs(Z, z_stride, Y, ZY)
     C_row = C + row * c_stride
-    y = tl.load(Y + row)
     inv_norm_y = tl.load(INV_NORM + y)
-    z_y = tl.load(ZY + row)
     # Pass 1: softmax(z) and Σ e c together, relative to the running max (see _triton.py).
     m = -1.0e30
     s = 0.0
@@ -112,17 +109,11 @@ def _rows(
     k = 0.0
     idx = 0
     for off in range(0, V, BLOCK):
-        offs = off + tl.arange(0, BLOCK)
-        mask = offs < V
-        z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
+        offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
         c = tl.load(C_row + offs, mask=mask, other=0.0).to(tl.float32) * tl.load(INV_NORM + offs, mask=mask, other=0.0)
-        block_max = tl.max(z, 0)
-        idx = tl.where(block_max > m, off + tl.argmax(z, 0), idx)
-        m_new = tl.maximum(m, block_max)
+        m_new, idx = running_max(m, idx, z, off)
         alpha = tl.exp(m - m_new)
-        e = tl.exp(z - m_new)
-        t = alpha * (t + s * (m - m_new)) + tl.sum(e * (z - m_new), 0)
-        s = alpha * s + tl.sum(e, 0)
+        s, t, e = softmax_sums(m, m_new, s, t, z)
         k = alpha * k + tl.sum(e * c, 0)
         m = m_new
     log_s = tl.log(s)
@@ -154,9 +145,7 @@ def _rows(
     if WRITE_GRAD:
         grad_scale = tl.load(GRAD_SCALE)
         for off in range(0, V, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            mask = offs < V
-            z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
+            offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
             c = tl.load(C_row + offs, mask=mask, other=0.0).to(tl.float32) * tl.load(INV_NORM + offs, mask=mask, other=0.0)
             c = c * inv_norm_y
             g = tl.exp(z - lse) * (a + b * (c_bar - c)) - tl.where(offs == y, a, 0.0)
@@ -166,22 +155,26 @@ def _rows(
 def rows(launch: RowLaunch, cost_embedding, weighting, demd, ratio_cap):
     cost = cost_embedding
     table = cost.weight_as(launch.z.dtype)
-    c = launch.scratch[0]
-    # The cosines' numerators in the compute dtype (float32 accumulation inside the product);
-    # the row kernel applies both inverse norms in float32.
-    torch.mm(table[launch.targets], table.t(), out=c)
-    _rows[(launch.rows,)](
-        *launch.args(),
-        c,
-        c.stride(0),
-        cost.inv_norm,
-        RATIO_EPS,
-        float(ratio_cap) if ratio_cap is not None else 0.0,
-        WEIGHTING=WEIGHTINGS.index(weighting),
-        DEMD_REFERENCE=demd == "reference",
-        HAS_CAP=ratio_cap is not None,
-        **launch.meta(heavy=True),
-    )
+    buffer = launch.scratch
+    # The cosines' numerators for a part of the chunk at a time (a quarter-size buffer keeps EMO's
+    # chunks as large as GEM's for the same memory), in the compute dtype with float32 accumulation
+    # inside the product; the row kernel applies both inverse norms in float32.
+    for start in range(0, launch.rows, buffer.shape[0]):
+        part = launch.part(start, min(start + buffer.shape[0], launch.rows))
+        c = buffer[: part.rows]
+        torch.mm(table[part.targets], table.t(), out=c)
+        _rows[(part.rows,)](
+            *part.args(),
+            c,
+            c.stride(0),
+            cost.inv_norm,
+            RATIO_EPS,
+            float(ratio_cap) if ratio_cap is not None else 0.0,
+            WEIGHTING=WEIGHTINGS.index(weighting),
+            DEMD_REFERENCE=demd == "reference",
+            HAS_CAP=ratio_cap is not None,
+            **part.meta(heavy=True),
+        )
 
 
 LOSS = LossSpec(
@@ -189,7 +182,7 @@ LOSS = LossSpec(
     per_token=per_token,
     chunk_kernel=chunk,
     row_kernel=rows,
-    row_buffers=1,
+    scratch_rows=0.25,
     config_fields={"weighting": "emo_weighting", "demd": "emo_demd", "ratio_cap": "emo_ratio_cap"},
     uses_cost_embedding=True,
     validate=check,

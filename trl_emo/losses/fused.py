@@ -30,6 +30,7 @@ efficient.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -37,18 +38,19 @@ import torch
 from . import _triton
 from ._common import autograd_chunk
 from .precision import accumulate_product_, addmm_float32_, mm_float32
-from .registry import LossSpec
+from .registry import LossSpec, TokenAligned
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "triton", "torch")
 # Memory for one chunk's [n, V] buffers when none is given. The PyTorch kernels keep about four
 # float32 buffers alive (logits, probabilities, gradient, and q or the cost similarities): 4 x 128
-# MiB. The Triton path keeps one buffer in the compute dtype (two for EMO): 256 MiB gives 1,024
-# rows of a bf16 128k-vocabulary chunk, large enough for efficient products, and keeps a
-# Llama-3-8B-sized loss (head gradient included) within 1.5 GiB.
+# MiB. The Triton path keeps one buffer in the compute dtype (plus a quarter-size one for EMO):
+# 320 MiB gives 1,280 rows of a bf16 128k-vocabulary chunk (EMO 1,024), and keeps a
+# Llama-3-8B-sized loss within 1.5 GiB, its 0.98 GiB head gradient included. Larger chunks mean
+# fewer bf16 roundings of the head gradient (docs/benchmarks.md) and more memory.
 DEFAULT_TORCH_CHUNK_MEMORY = 4 * 128 * 2**20
-DEFAULT_TRITON_CHUNK_MEMORY = 256 * 2**20
+DEFAULT_TRITON_CHUNK_MEMORY = 320 * 2**20
 _TORCH_BUFFERS = 4
 # Bounds of the chunk size: small chunks starve the matrix units, large ones only cost memory.
 _MIN_CHUNK, _MAX_CHUNK = 64, 8192
@@ -132,12 +134,16 @@ class _Plan:
         has_kernel = self.spec.row_kernel if self.backend == "triton" else self.spec.chunk_kernel
         return self.spec.metrics if has_kernel is not None else ()
 
+    def chunk_hparams(self, start: int, end: int) -> dict:
+        """The loss's keyword arguments for positions `start:end` (per-position inputs sliced)."""
+        return {k: v.rows(start, end) if isinstance(v, TokenAligned) else v for k, v in self.hparams.items()}
+
     def chunk_rows(self, vocab: int, n_tokens: int) -> int:
         if self.chunk_size is not None:
             return self.chunk_size
         if self.backend == "torch":
             return auto_chunk_size(vocab, self.chunk_memory)
-        per_row = vocab * torch.tensor([], dtype=self.compute_dtype).element_size() * (1 + self.spec.row_buffers)
+        per_row = vocab * torch.tensor([], dtype=self.compute_dtype).element_size() * (1 + self.spec.scratch_rows)
         budget = DEFAULT_TRITON_CHUNK_MEMORY if self.chunk_memory is None else self.chunk_memory
         rows = max(_ROW_GRANULE, budget // per_row // _ROW_GRANULE * _ROW_GRANULE)
         rows = min(rows, _MAX_CHUNK)
@@ -164,7 +170,7 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
         if bias is not None:
             z.add_(bias.to(z.dtype))
         plan.transform.apply_(z)
-        result = kernel(z, targets[start:end], needs.any, **plan.hparams)
+        result = kernel(z, targets[start:end], needs.any, **plan.chunk_hparams(start, end))
         stats[0, start:end] = result.values
         stats[1, start:end] = result.nll
         stats[2, start:end] = result.entropy
@@ -208,7 +214,8 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
     h_all = hidden if hidden.dtype == cd else hidden.to(cd)
     rows = plan.chunk_rows(vocab, n_tokens)
     buffer = torch.empty(rows, vocab, device=device, dtype=cd)
-    scratch = [torch.empty(rows, vocab, device=device, dtype=cd) for _ in range(plan.spec.row_buffers)]
+    scratch_rows = math.ceil(rows * plan.spec.scratch_rows)
+    scratch = torch.empty(scratch_rows, vocab, device=device, dtype=cd) if scratch_rows else None
     # bf16 has float32's range, so 1/N goes into the kernel (no host sync). fp16 would flush the
     # small entries of (p - e_y)/N to zero: there the kernel writes the unscaled gradient and
     # the products apply 1/N in float32 (`alpha`).
@@ -239,9 +246,9 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
             logit_scale=plan.transform.logit_scale,
             softcap=plan.transform.softcap,
             write_grad=needs.any,
-            scratch=[s[:n] for s in scratch],
+            scratch=scratch,
         )
-        plan.spec.row_kernel(launch, **plan.hparams)
+        plan.spec.row_kernel(launch, **plan.chunk_hparams(start, end))
         if not needs.any:
             continue
         # `z` now holds ∂ℓ/∂y for the chunk.
@@ -356,8 +363,9 @@ def fused_linear_loss(
     hparams = dict(hparams or {})
     transform = transform or HeadTransform()
     device = hidden.device
-    if hparams.get("cost_embedding") is not None:
-        hparams["cost_embedding"] = hparams["cost_embedding"].to(device)
+    for key, value in hparams.items():
+        if isinstance(value, TokenAligned) or key == "cost_embedding" and value is not None:
+            hparams[key] = value.to(device)
 
     count = hidden.shape[0] if num_items_in_batch is None else num_items_in_batch
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32

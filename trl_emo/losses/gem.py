@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._common import check_choice, check_number, softmax_stats, upcast
-from ._triton import RowLaunch, load_logits, store_grad, store_stats, tl, triton
+from ._triton import RowLaunch, logits_block, row_inputs, running_max, softmax_sums, store_grad, store_stats, tl, triton
 from .registry import LossSpec
 
 H_CHOICES = ("linear", "logsigmoid")
@@ -67,10 +67,7 @@ def _rows(
     LOGSIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    Z_row = Z + row * z_stride
-    y = tl.load(Y + row)
-    z_y = tl.load(ZY + row)
+    row, Z_row, y, z_y = row_inputs(Z, z_stride, Y, ZY)
     # One read gives softmax(z) (for the logged cross-entropy and entropy) and softmax(z / beta);
     # both share the running max. Sums are relative to it (see _triton.py).
     m = -1.0e30
@@ -82,16 +79,9 @@ def _rows(
     w_sum = 0.0  # logsigmoid: Σ e_b w
     u = 0.0  # logsigmoid: Σ e_b w (z - z_y)
     for off in range(0, V, BLOCK):
-        offs = off + tl.arange(0, BLOCK)
-        mask = offs < V
-        z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
-        block_max = tl.max(z, 0)
-        idx = tl.where(block_max > m, off + tl.argmax(z, 0), idx)
-        m_new = tl.maximum(m, block_max)
-        alpha = tl.exp(m - m_new)
-        e = tl.exp(z - m_new)
-        t = alpha * (t + s * (m - m_new)) + tl.sum(e * (z - m_new), 0)
-        s = alpha * s + tl.sum(e, 0)
+        offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
+        m_new, idx = running_max(m, idx, z, off)
+        s, t, e = softmax_sums(m, m_new, s, t, z)
         alpha_b = tl.exp((m - m_new) * inv_beta)
         e_b = tl.exp((z - m_new) * inv_beta)
         if LOGSIGMOID:
@@ -116,9 +106,7 @@ def _rows(
         else:
             at_target = 1.0
         for off in range(0, V, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            mask = offs < V
-            z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
+            offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
             q = tl.exp((z - m) * inv_beta) / s_b
             if LOGSIGMOID:
                 q = q * tl.sigmoid(slope * (z - z_y))

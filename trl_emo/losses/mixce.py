@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from ._common import check_number, log_softmax, softmax_stats, target_log_prob
-from ._triton import RowLaunch, load_logits, softmax_pass, store_grad, store_stats, tl, triton
+from ._common import check_number, weighted_nll_chunk, weighted_nll_per_token
+from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, triton, weighted_ce_grad
 from .registry import LossSpec
 
 
@@ -15,19 +15,11 @@ def check(hp: dict) -> None:
 
 
 def per_token(logits, targets, gamma):
-    logp_y = target_log_prob(log_softmax(logits), targets)
-    return -(gamma + (1.0 - gamma) * logp_y.exp().detach()) * logp_y
+    return weighted_nll_per_token(logits, targets, lambda p_y: gamma + (1.0 - gamma) * p_y)
 
 
 def chunk(z, targets, want_grad, gamma):
-    s = softmax_stats(z, targets)
-    w = gamma + (1.0 - gamma) * s.nll.neg().exp()
-    grad = None
-    if want_grad:
-        grad = s.p
-        grad[s.rows, targets] -= 1.0
-        grad.mul_(w[:, None])
-    return s.result(w * s.nll, grad)
+    return weighted_nll_chunk(z, targets, want_grad, lambda p_y: gamma + (1.0 - gamma) * p_y)
 
 
 @triton.jit
@@ -36,22 +28,13 @@ def _rows(
     gamma,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    Z_row = Z + row * z_stride
-    y = tl.load(Y + row)
-    z_y = tl.load(ZY + row)
+    row, Z_row, y, z_y = row_inputs(Z, z_stride, Y, ZY)
     lse, entropy, idx = softmax_pass(Z_row, BIAS, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
     nll = lse - z_y
     w = gamma + (1.0 - gamma) * tl.exp(-nll)
     store_stats(STATS, stats_stride, row, w * nll, nll, entropy, (idx == y).to(tl.float32))
     if WRITE_GRAD:
-        grad_scale = tl.load(GRAD_SCALE)
-        for off in range(0, V, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            mask = offs < V
-            z = load_logits(Z_row, BIAS, offs, mask, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP)
-            g = w * (tl.exp(z - lse) - tl.where(offs == y, 1.0, 0.0))
-            store_grad(Z_row, offs, mask, g, z, grad_scale, logit_scale, softcap, HAS_SOFTCAP)
+        weighted_ce_grad(Z_row, BIAS, V, lse, y, w, GRAD_SCALE, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
 
 
 def rows(launch: RowLaunch, gamma):

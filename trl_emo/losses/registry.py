@@ -22,6 +22,20 @@ from typing import Any
 TRL_LOSS_TYPES = ("nll", "dft")
 
 
+class TokenAligned:
+    """A hyper-parameter with one entry per target position (ASFT's reference hidden states).
+
+    The fused path hands each chunk its own rows, `rows(start, end)`, and moves it to the loss's
+    device with `to(device)`.
+    """
+
+    def rows(self, start: int, end: int) -> TokenAligned:
+        raise NotImplementedError
+
+    def to(self, device) -> TokenAligned:
+        raise NotImplementedError
+
+
 class UnknownLossError(ValueError):
     """Raised for a `loss_type` nobody registered."""
 
@@ -39,9 +53,15 @@ class LossSpec:
         row_kernel: optional `rows(launch: RowLaunch, **hparams)`, launching a Triton kernel that
             writes the statistics and `∂ℓ/∂y` of one chunk in place (see `_triton.py`); the
             fused path uses it on CUDA devices when Triton is installed.
-        row_buffers: extra `[n, V]` buffers the row kernel needs (`launch.scratch`), counted in the
-            fused path's memory budget (EMO: one, for its cost products).
+        scratch_rows: rows of an extra `[rows, V]` buffer the row kernel needs per row of the chunk
+            (`launch.scratch`), counted in the fused path's memory budget (EMO: 0.25, its cost
+            products for a quarter of the chunk at a time).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
+        needs_reference: whether `per_token`/`chunk_kernel` take a `reference=` keyword (a
+            reference model's logits, or its hidden states and head as an `asft.ReferenceHead`); the
+            trainer runs the reference model for it.
+        validate_vocab: optional check of the hyper-parameters against the model's vocabulary size,
+            `validate_vocab(hparams, vocab_size)`, called when the trainer is built.
         uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
             (EMO's transport cost); the trainer builds it from `emo_cost_embedding`.
         validate: optional check of the resolved hyper-parameters; raise `ValueError` if bad.
@@ -53,12 +73,14 @@ class LossSpec:
     per_token: Callable[..., Any]
     chunk_kernel: Callable[..., Any] | None = None
     row_kernel: Callable[..., Any] | None = None
-    row_buffers: int = 0
+    scratch_rows: float = 0.0
     config_fields: Mapping[str, str] = field(default_factory=dict)
     uses_cost_embedding: bool = False
     validate: Callable[[dict], None] | None = None
     description: str = ""
     metrics: tuple[str, ...] = ()
+    needs_reference: bool = False
+    validate_vocab: Callable[[dict, int], None] | None = None
 
 
 _REGISTRY: dict[str, LossSpec] = {}
@@ -71,7 +93,7 @@ def register_loss(
     *,
     chunk_kernel: Callable[..., Any] | None = None,
     row_kernel: Callable[..., Any] | None = None,
-    row_buffers: int = 0,
+    scratch_rows: float = 0.0,
     config_fields: Mapping[str, str] | None = None,
     uses_cost_embedding: bool = False,
     validate: Callable[[dict], None] | None = None,
@@ -99,7 +121,7 @@ def register_loss(
                 per_token=fn,
                 chunk_kernel=chunk_kernel,
                 row_kernel=row_kernel,
-                row_buffers=row_buffers,
+                scratch_rows=scratch_rows,
                 config_fields=dict(config_fields or {}),
                 uses_cost_embedding=uses_cost_embedding,
                 validate=validate,

@@ -57,11 +57,17 @@ def get_task(name: str) -> type[EvalTask]:
     return _TASKS[name]
 
 
-def field_owners() -> dict[str, str]:
-    """Task-specific `EvalConfig` field -> the task that owns it."""
+def field_owners() -> dict[str, tuple[str, ...]]:
+    """Task-specific `EvalConfig` field -> the tasks that own it (tasks may share one, as `humaneval` and `mbpp` do)."""
     _load_entry_points()
-    return {name: task.name for task in _TASKS.values() for name in task.fields}
+    owners: dict[str, tuple[str, ...]] = {}
+    for task in _TASKS.values():
+        for name in task.fields:
+            owners[name] = (*owners.get(name, ()), task.name)
+    return owners
 
 
 # Importing the built-in task modules registers them.
 from . import bon, ifeval, math  # noqa: E402,F401
+from . import continuation, icl  # noqa: E402,F401  (EMO Section 4: issue 13)
+from . import creative, humaneval, mbpp  # noqa: E402,F401  (issue 12)

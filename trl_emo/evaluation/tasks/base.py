@@ -113,11 +113,12 @@ class EvalTask:
             value = getattr(config, name)
             if value is None or value == default or name in COMMON_FIELDS:
                 continue
-            owner = owners.get(name)
+            owner = owners.get(name, ())
             if name in cls.ignores:
                 raise ConfigError(f"{name} does not apply to task {cls.name!r}{cls.ignore_reason(name)}; remove it.")
-            if owner is not None and owner != cls.name:
-                raise ConfigError(f"{name} belongs to task {owner!r}; it has no effect on task {cls.name!r}.")
+            if owner and cls.name not in owner:
+                tasks = "task" + "s" * (len(owner) > 1) + " " + ", ".join(repr(o) for o in owner)
+                raise ConfigError(f"{name} belongs to {tasks}; it has no effect on task {cls.name!r}.")
 
     @classmethod
     def ignore_reason(cls, name: str) -> str:
