@@ -347,6 +347,7 @@ class EvalConfig:
     icl_num_demonstrations: int = field(default=8, metadata={"help": "Retrieved demonstrations per test input."})
     icl_retriever: str | None = field(
         default=None, metadata={"help": "Sentence-transformers retriever; default all-MiniLM-L6-v2 (offline copy)."}
+    )
     # Tasks humaneval and mbpp (issue 12).
     allow_code_execution: bool = field(
         default=False, metadata={"help": "Run the model-written programs (humaneval, mbpp) in the sandbox."}
