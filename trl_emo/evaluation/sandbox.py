@@ -65,7 +65,8 @@ class SandboxLimits:
     """What one program may use. Times in seconds, sizes in MiB unless said otherwise."""
 
     timeout: float = 10.0
-    # CPU seconds (RLIMIT_CPU); None: the wall-clock timeout rounded up.
+    # CPU seconds (RLIMIT_CPU); None: the wall-clock timeout rounded up, plus one second so that a busy loop
+    # meets the wall clock first (one cause, one status: "timeout"); the CPU limit stays as a backstop.
     cpu_time: int | None = None
     memory_mb: int = 2048
     file_size_mb: int = 16
@@ -78,7 +79,7 @@ class SandboxLimits:
 
     @property
     def cpu_seconds(self) -> int:
-        return int(self.cpu_time) if self.cpu_time is not None else max(1, math.ceil(self.timeout))
+        return int(self.cpu_time) if self.cpu_time is not None else max(1, math.ceil(self.timeout)) + 1
 
 
 @dataclass
@@ -442,7 +443,9 @@ class Sandbox:
                     stream.close()
             _remove_tree(workdir)
         if status == "exited" and returncode < 0:
-            status = "signaled"
+            # SIGXCPU (or the SIGKILL past the hard limit) is the CPU-time limit: a timeout too.
+            cpu_limit = returncode in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - started >= limits.cpu_seconds - 0.5
+            status = "timeout" if cpu_limit else "signaled"
         return SandboxResult(
             status=status, returncode=returncode, stdout=stdout.decode("utf-8", "replace"),
             stderr=stderr.decode("utf-8", "replace"), wall_time=time.monotonic() - started,
