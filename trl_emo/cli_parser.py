@@ -64,19 +64,21 @@ class CommandParser(TrlParser):
     def parse_command_line(self, argv: Sequence[str] | None = None) -> CommandLine:
         """Parse `argv` (default `sys.argv[1:]`; a recipe plus flags, flags win) into a `CommandLine`.
 
-        A `--dry_run` on a machine without a GPU gets past transformers' bf16 check (it loads no model); training
-        with `bf16: true` there is a one-line error.
+        The recipe is read once. A `--dry_run` on a machine without a GPU gets past transformers' bf16 check (it
+        loads no model); training with `bf16: true` there is a one-line error.
         """
-        argv = normalize_argv(argv)
+        known = _known_fields(self.dataclass_types)
+        argv = _rename_flags(normalize_argv(argv), self._renames, known)
+        argv, config, recipe = self._read_recipe(argv, known)
         try:
-            return self._parse_once(argv)
+            return self._parse_once(argv, config, recipe, known)
         except ConfigError as exc:
             if BF16_WITHOUT_GPU not in str(exc):
                 raise
             error = exc
         # Only `use_cpu` lets transformers accept bf16 without a GPU; parse again with it to see if this is a
         # dry run.
-        parsed = self._parse_once([*argv, "--use_cpu", "true"])
+        parsed = self._parse_once([*argv, "--use_cpu", "true"], config, recipe, known)
         if not any(getattr(values, "dry_run", False) is True for values in parsed.values):
             raise ConfigError(
                 "bf16 is on but this machine has no GPU that supports it: train on a GPU, "
@@ -88,50 +90,45 @@ class CommandParser(TrlParser):
         )
         return parsed
 
-    def _parse_once(self, argv: list[str]) -> CommandLine:
-        # The recipe becomes the parser's defaults for this parse only.
-        saved = [(action, action.default, action.required) for action in self._actions]
-        try:
-            return self._parse_with_recipe(argv)
-        finally:
-            for action, default, required in saved:
-                action.default, action.required = default, required
-
-    def _parse_with_recipe(self, argv: list[str]) -> CommandLine:
+    def _read_recipe(self, argv: list[str], known: set[str]) -> tuple[list[str], dict, str | None]:
+        """(argv without `--config FILE`, the recipe's values under the installed names, the recipe file); the
+        recipe's `env` mapping goes to the environment, as TrlParser does."""
         from .recipe_catalog import RecipeNotFound, resolve_recipe
 
-        known = _known_fields(self.dataclass_types)
+        if "--config" not in argv:
+            return argv, {}, None
         renames = self._renames
-        accepted = known | set(renames) | {"env", *self.extra_known}
-        argv = _rename_flags(list(argv), renames, known)
-        config, recipe = {}, None
-        if "--config" in argv:
-            index = argv.index("--config")
-            if index + 1 >= len(argv):
-                raise ConfigError("--recipe/--config needs a file path or the name of a packaged recipe.")
-            try:
-                recipe = resolve_recipe(argv[index + 1])
-            except RecipeNotFound as exc:
-                raise ConfigError(str(exc)) from None
-            del argv[index : index + 2]
-            config = load_yaml_mapping(recipe)
-            unknown = [key for key in config if key not in accepted]
-            if unknown:
-                raise ConfigError(unknown_key_message(unknown, known, f"recipe {recipe}"))
-            clashes = [f"{old!r} and {new!r}" for old, new in renames.items() if old in config and new in config]
-            if clashes:
-                raise ConfigError(f"Recipe {recipe} sets both {', '.join(clashes)} (the same setting); keep one.")
-            config = {renames.get(key, key): value for key, value in config.items()}
-            # As TrlParser does: the recipe's `env` mapping goes to the environment, the rest become defaults.
-            env = config.pop("env", None) or {}
-            if not isinstance(env, dict):
-                raise ConfigError(f"`env` in recipe {recipe} must be a mapping of variable: value.")
-            for key, value in env.items():
-                os.environ[str(key)] = str(value)
-            for key in self.extra_known:
-                config.pop(key, None)
-            self.set_defaults_with_config(**config)
+        index = argv.index("--config")
+        if index + 1 >= len(argv):
+            raise ConfigError("--recipe/--config needs a file path or the name of a packaged recipe.")
         try:
+            recipe = resolve_recipe(argv[index + 1])
+        except RecipeNotFound as exc:
+            raise ConfigError(str(exc)) from None
+        argv = argv[:index] + argv[index + 2 :]
+        config = load_yaml_mapping(recipe)
+        accepted = known | set(renames) | {"env", *self.extra_known}
+        unknown = [key for key in config if key not in accepted]
+        if unknown:
+            raise ConfigError(unknown_key_message(unknown, known, f"recipe {recipe}"))
+        clashes = [f"{old!r} and {new!r}" for old, new in renames.items() if old in config and new in config]
+        if clashes:
+            raise ConfigError(f"Recipe {recipe} sets both {', '.join(clashes)} (the same setting); keep one.")
+        config = {renames.get(key, key): value for key, value in config.items()}
+        env = config.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise ConfigError(f"`env` in recipe {recipe} must be a mapping of variable: value.")
+        for key, value in env.items():
+            os.environ[str(key)] = str(value)
+        for key in self.extra_known:
+            config.pop(key, None)
+        return argv, config, recipe
+
+    def _parse_once(self, argv: list[str], config: dict, recipe: str | None, known: set[str]) -> CommandLine:
+        """The flags over the recipe's values; the recipe is the parser's defaults for this parse only."""
+        saved = [(action, action.default, action.required) for action in self._actions]
+        try:
+            self.set_defaults_with_config(**config)
             values = self.parse_args_into_dataclasses(args=argv)
         except ValueError as exc:
             # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
@@ -142,8 +139,10 @@ class CommandParser(TrlParser):
             # argparse already printed its message (unknown flag, bad value); turn it into an error
             # the caller can catch, and keep the exit status.
             raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
+        finally:
+            for action, default, required in saved:
+                action.default, action.required = default, required
         return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
-
 
 def command_parser(dataclass_types, subparsers=None, name: str | None = None, help: str | None = None, **kwargs):  # noqa: A002
     """A `CommandParser` for `dataclass_types`; with `subparsers`, registered there as the command `name` (the
