@@ -303,3 +303,16 @@ def test_prepare_sft_examples(tmp_path, tokenizer, case):
         assert ours["input_ids"] == theirs["input_ids"]
         assert ours["labels"] == theirs["labels"]
     assert any(label == -100 for label in prepared[0]["labels"]) == (case not in ("prompt_completion_full_loss", "text"))
+
+
+def test_prepare_sft_examples_packed(tmp_path, tokenizer):
+    """With packing (plain-text corpora), the dry run shows the blocks the trainer packs: the first ones are TRL's."""
+    rows = [{"text": " ".join([r["prompt"], r["completion"]] * 3)} for r in prompt_completion_rows(6)]
+    data = Dataset.from_list(rows)
+    overrides = dict(packing=True, packing_strategy="wrapped", max_length=16)
+    trainer = trl_trainer(tmp_path, build_tiny_model(tokenizer, hidden_size=32, intermediate_size=64), tokenizer, data,
+                          **overrides)
+    prepared = compat.prepare_sft_examples(data, tokenizer, trl_config(tmp_path, **overrides), 2)
+    assert len(prepared) == 2
+    for ours, theirs in zip(prepared, trainer.train_dataset):
+        assert len(ours["input_ids"]) == 16 and ours["input_ids"] == theirs["input_ids"]
