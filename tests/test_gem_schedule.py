@@ -49,3 +49,50 @@ def test_unreachable_targets_are_refused(target):
     with pytest.raises(ValueError, match=r"gem_target_entropy must be in \(0, ln V\)"):
         check_target_entropy(target, 100)
     check_target_entropy(2.0, 100)
+
+
+# -- in the trainer -------------------------------------------------------------------------------
+
+
+def _betas(trainer):
+    return [row["gem_beta"] for row in trainer.state.log_history if "gem_beta" in row]
+
+
+def _gem_trainer(tmp_path, make_model, tokenizer, pc_dataset, **overrides):
+    from conftest import cpu_config
+
+    from trl_emo import SFTTrainer
+
+    args = cpu_config(tmp_path, loss_type="gem", gem_beta=0.7, gem_beta_step=0.2, **overrides)
+    return SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+
+
+def test_the_trainer_moves_beta_toward_the_target_and_logs_it(tmp_path, make_model, tokenizer, pc_dataset):
+    # The tiny model starts near the uniform entropy (ln 320 = 5.77 nats): a low target raises beta, a target
+    # above what it has lowers it.
+    low = _gem_trainer(tmp_path / "low", make_model, tokenizer, pc_dataset, gem_target_entropy=1.0, max_steps=4)
+    low.train()
+    betas = _betas(low)
+    assert len(betas) == 4 and betas[0] > 0.7 and betas == sorted(betas)
+    assert low._objective.hparams["beta"] == betas[-1]
+    high = _gem_trainer(tmp_path / "high", make_model, tokenizer, pc_dataset, gem_target_entropy=5.76, max_steps=4,
+                        learning_rate=3e-2)
+    high.train()
+    assert _betas(high)[-1] < min(_betas(high)[0], 0.7)
+
+
+def test_beta_is_restored_exactly_on_resume(tmp_path, make_model, tokenizer, pc_dataset):
+    common = dict(gem_target_entropy=1.0, max_steps=4, save_strategy="steps", save_steps=2)
+    whole = _gem_trainer(tmp_path / "whole", make_model, tokenizer, pc_dataset, **common)
+    whole.train()
+    first = _gem_trainer(tmp_path / "cut", make_model, tokenizer, pc_dataset, **{**common, "max_steps": 2})
+    first.train()
+    assert (tmp_path / "cut" / "checkpoint-2" / "trl_emo_gem_beta.json").is_file()
+    resumed = _gem_trainer(tmp_path / "cut", make_model, tokenizer, pc_dataset, **common)
+    resumed.train(resume_from_checkpoint=True)
+    assert _betas(resumed)[-2:] == _betas(whole)[-2:]
+
+
+def test_a_target_beyond_ln_v_is_refused_when_the_trainer_is_built(tmp_path, make_model, tokenizer, pc_dataset):
+    with pytest.raises(ValueError, match=r"gem_target_entropy must be in \(0, ln V\) = \(0, 5.768\)"):
+        _gem_trainer(tmp_path, make_model, tokenizer, pc_dataset, gem_target_entropy=6.0)

@@ -64,7 +64,7 @@ def _run(tmp_path, make_model, tokenizer, dataset, name, **overrides):
     return trainer, losses
 
 
-@pytest.mark.parametrize("loss_type", ["gem", "emo"])
+@pytest.mark.parametrize("loss_type", ["gem", "emo", "eaft", "asft"])
 def test_gradient_accumulation_equals_the_large_batch(tmp_path, make_model, tokenizer, pc_dataset, loss_type):
     """Batch 4 x 1 step and batch 2 x 2 accumulation steps give the same per-step losses and weights."""
     common = dict(loss_type=loss_type, max_steps=3, gem_h="logsigmoid")
@@ -74,11 +74,13 @@ def test_gradient_accumulation_equals_the_large_batch(tmp_path, make_model, toke
     )
     assert len(big_losses) == 3
     assert torch.allclose(torch.tensor(big_losses), torch.tensor(acc_losses), rtol=1e-5, atol=1e-6)
+    # Adam divides by the gradient's running RMS, so last-bit differences of sums taken in another order
+    # reach ~1e-5 in the weights after 3 steps; a wrong token count would be off by ~1e-3 (the learning rate).
     for p, q in zip(big.model.parameters(), acc.model.parameters()):
-        assert torch.allclose(p, q, atol=1e-5)
+        assert torch.allclose(p, q, atol=5e-5)
 
 
-@pytest.mark.parametrize("loss_type", ["gem", "emo", "ce_entropy"])
+@pytest.mark.parametrize("loss_type", ["gem", "emo", "ce_entropy", "asft"])
 @pytest.mark.parametrize("tie", [False, True])
 def test_fused_and_logits_implementations_train_identically(tmp_path, make_model, tokenizer, pc_dataset, loss_type, tie):
     def model():

@@ -17,7 +17,7 @@ Pieces (all mirror TRL 1.16.0):
   (`trl/trainer/utils.py`, `add_fused_lm_head._fused_forward`).
 - `trl_builds_own_loss_trainer`: the `loss_type` swap around `SFTTrainer.__init__`, whose check accepts
   only TRL's own losses (`trl/trainer/sft_trainer.py`, `SFTTrainer.__init__`).
-- `loss_inputs`, `finish_loss`, `log_metric`, `count_train_tokens`, `outputs_for_metrics`: the parts of
+- `loss_inputs`, `finish_loss`, `log_metric`, `set_metric`, `count_train_tokens`, `outputs_for_metrics`: the parts of
   TRL's `compute_loss` that trl_emo's `compute_loss` repeats for its own losses
   (`trl/trainer/sft_trainer.py`, `SFTTrainer.compute_loss`).
 - `template_masks_assistant_turns`, `prepare_sft_examples`: how `SFTTrainer.__init__` picks the training
@@ -114,7 +114,7 @@ def head_parameters(model):
     return weight, bias
 
 
-def add_objective_head(model, objective) -> None:
+def add_objective_head(model, objective, reference=None) -> None:
     """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
     `trl_emo_loss=True`.
 
@@ -125,6 +125,10 @@ def add_objective_head(model, objective) -> None:
     through the head into log-probabilities, this calls `objective(hidden [N, H], weight, bias, targets [N],
     num_items_in_batch, transform)`, which returns a `FusedLossOutput`. Without the flag the call is TRL's. Call it on
     the base model (`get_base_model()` under PEFT), like TRL does.
+
+    `reference(model, args, kwargs)`, when given (ASFT), returns a reference model's `(hidden [B, T, H'], head weight,
+    head bias, transform)` for the same batch, computed without gradient; its hidden states are shifted and masked
+    like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
     """
     from .losses import select_targets
 
@@ -161,9 +165,19 @@ def add_objective_head(model, objective) -> None:
         # With `device_map`, the backbone can end on another device than the head.
         hidden = hidden.to(weight.device)
         targets, mask = targets.to(weight.device), mask.to(weight.device)
+        extra = {}
+        if reference is not None:
+            from .losses.asft import ReferenceHead
+
+            ref_hidden, ref_weight, ref_bias, ref_transform = reference(self, args, kwargs)
+            if shift_labels is None:
+                ref_hidden = ref_hidden[:, :-1]
+            extra["reference"] = ReferenceHead(
+                ref_hidden.to(weight.device)[mask], ref_weight, ref_bias, ref_transform.logit_scale, ref_transform.softcap
+            )
         with gather_lm_head(weight, bias):
             # Masked positions are dropped before any product with the head.
-            result = objective(hidden[mask], weight, bias, targets[mask], num_items_in_batch, transform)
+            result = objective(hidden[mask], weight, bias, targets[mask], num_items_in_batch, transform, **extra)
         aux_loss = None
         if kwargs.get("output_router_logits"):
             from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
@@ -222,6 +236,12 @@ def log_metric(trainer, mode: str, name: str, value: float) -> None:
     trainer._metrics[mode][name].append(value)
 
 
+def set_metric(trainer, mode: str, name: str, value: float) -> None:
+    """Log the current value of a quantity rather than its average over the logging window, the way TRL 1.16 logs
+    `num_tokens` (`SFTTrainer.compute_loss`): the metric's list holds that one value."""
+    trainer._metrics[mode][name] = [value]
+
+
 def count_train_tokens(trainer, inputs: dict, mode: str) -> None:
     """TRL 1.16's `num_tokens` metric (`SFTTrainer.compute_loss`): tokens seen in training, from the attention mask,
     or from `position_ids` in padding-free batches."""
@@ -234,7 +254,7 @@ def count_train_tokens(trainer, inputs: dict, mode: str) -> None:
             local_tokens = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
             num_tokens = trainer.accelerator.gather_for_metrics(local_tokens).sum().item()
         trainer._total_train_tokens += num_tokens // trainer._tp_size
-    trainer._metrics[mode]["num_tokens"] = [trainer._total_train_tokens]
+    set_metric(trainer, mode, "num_tokens", trainer._total_train_tokens)
 
 
 def outputs_for_metrics(model, logits_inputs: dict):

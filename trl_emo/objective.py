@@ -8,6 +8,7 @@ resumed run uses the snapshot of the original start, not of the resumed weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -129,15 +130,26 @@ class Objective:
         return {**self.hparams, "cost_embedding": cost}
 
     # -- the loss --------------------------------------------------------------------------
-    def fused(self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None):
-        """The objective from hidden states of the target positions (see `fused_linear_loss`)."""
+    @property
+    def wants_reference(self) -> bool:
+        """A reference model must run (ASFT with `asft_alpha > 0`)."""
+        return self.spec.wants_reference(self.hparams)
+
+    def fused(
+        self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None, reference=None
+    ):
+        """The objective from hidden states of the target positions (see `fused_linear_loss`); `reference`: the
+        reference model's `ReferenceHead` at the same positions (ASFT)."""
         _check_label_ids(targets, weight.shape[0])
+        kwargs = self._kwargs(weight)
+        if self.spec.needs_reference:
+            kwargs = {**kwargs, "reference": reference}
         return fused_linear_loss(
             hidden,
             weight,
             targets,
             self.spec,
-            self._kwargs(weight),
+            kwargs,
             bias=bias,
             num_items_in_batch=num_items_in_batch,
             chunk_size=self.chunk_size,
@@ -147,20 +159,26 @@ class Objective:
             fp32_weight_grad=self.fp32_head_grad,
         )
 
-    def from_logits(self, logits, labels, model, num_items_in_batch=None, shift_labels=None) -> FusedLossOutput:
-        """The reference path: the objective from the model's full logits `[B, T, V]`."""
+    def from_logits(
+        self, logits, labels, model, num_items_in_batch=None, shift_labels=None, reference_logits=None
+    ) -> FusedLossOutput:
+        """The reference path: the objective from the model's full logits `[B, T, V]` (and, for ASFT, the reference
+        model's logits of the same batch)."""
         targets, mask = select_targets(labels, shift_labels)
         aligned = logits if shift_labels is not None else logits[:, :-1]
         selected, selected_targets = aligned[mask], targets[mask]
         _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
-        if self.reads_head:
-            # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a
-            # gather (read only, detached, so no gradient has to reach the shards).
-            with gather_lm_head(weight):
-                values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
-        else:
-            values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight))
+        extra = {}
+        if self.spec.needs_reference:
+            aligned_reference = None if reference_logits is None else (
+                reference_logits if shift_labels is not None else reference_logits[:, :-1]
+            )
+            extra["reference"] = None if aligned_reference is None else aligned_reference[mask]
+        # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a gather (read only,
+        # detached, so no gradient has to reach the shards).
+        with gather_lm_head(weight) if self.reads_head else contextlib.nullcontext():
+            values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight), **extra)
         count = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = values.sum() if values.numel() else aligned.sum() * 0.0
         loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)

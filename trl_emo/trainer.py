@@ -12,6 +12,7 @@ import logging
 import os
 
 import torch
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import SFTTrainer as _TRLSFTTrainer
 
@@ -59,6 +60,8 @@ class SFTTrainer(_TRLSFTTrainer):
     def __init__(self, model, args=None, *positional, **kwargs):
         args = _as_trl_emo_config(args, model)
         self._objective = None
+        self._reference = None  # ASFT's reference model (trl_emo.reference.ReferenceModel)
+        self._gem_schedule = None  # GEM's adaptive beta (trl_emo.gem_schedule.GemBetaSchedule)
         if args.loss_type not in TRL_LOSS_TYPES:
             if kwargs.get("compute_loss_func") is not None:
                 raise ValueError(
@@ -81,11 +84,16 @@ class SFTTrainer(_TRLSFTTrainer):
                 super().__init__(model, args, *positional, **kwargs)
             self._objective = objective
             self._check_vocabulary(self._base_model())
+            self._set_up_reference_and_schedule(args)
         else:
             super().__init__(model, args, *positional, **kwargs)
         # Patched for TRL's own losses too: the wrapper also makes `copy.deepcopy(model)` run the
         # copy's weights, which TRL's patch alone does not (its plain calls reach the original).
-        compat.add_objective_head(self._base_model(), self._objective.fused if self._objective is not None else None)
+        compat.add_objective_head(
+            self._base_model(),
+            self._objective.fused if self._objective is not None else None,
+            reference=self._reference.hidden_states if self._reference is not None else None,
+        )
         add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
 
     # -- set-up ---------------------------------------------------------------------------
@@ -108,14 +116,29 @@ class SFTTrainer(_TRLSFTTrainer):
         if self._objective.spec.validate_vocab is not None:
             self._objective.spec.validate_vocab(self._objective.hparams, vocab)
 
+    def _set_up_reference_and_schedule(self, args) -> None:
+        if self._objective.wants_reference:
+            from .reference import ReferenceModel
+
+            # Built now, before any step: "the starting weights" are these.
+            self._reference = ReferenceModel.build(self, args.asft_ref_model)
+        if args.gem_target_entropy is not None:
+            from .gem_schedule import GemBetaSchedule, check_target_entropy
+
+            check_target_entropy(args.gem_target_entropy, output_vocab_size(self._base_model()))
+            self._gem_schedule = GemBetaSchedule(args.gem_beta, args.gem_target_entropy, args.gem_beta_min, args.gem_beta_step)
+            self.add_callback(_GemBetaCallback(self))
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if self._objective is not None and checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
+            resume_from_checkpoint = checkpoint
+        if self._gem_schedule is not None and checkpoint and self._gem_schedule.load(checkpoint):
+            self._objective.hparams["beta"] = self._gem_schedule.beta
         if self._objective is not None and self._objective.needs_cost:
-            checkpoint = resume_from_checkpoint
-            if checkpoint is True:
-                checkpoint = get_last_checkpoint(self.args.output_dir)
-                if checkpoint is None:
-                    raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
-                resume_from_checkpoint = checkpoint
             restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
             head_trains = self._base_model().get_output_embeddings().weight.requires_grad
             if checkpoint and not restored and self._objective.cost_source == "frozen" and head_trains:
@@ -130,9 +153,13 @@ class SFTTrainer(_TRLSFTTrainer):
     def _save_checkpoint(self, model, trial):
         # Written before TRL/transformers write the rest, so a checkpoint that looks complete has it.
         if self._objective is not None and self.args.should_save and self._objective.snapshot_must_be_saved(self._base_model()):
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            self._objective.save_cost(folder)
+            self._objective.save_cost(self._checkpoint_folder(trial))
+        if self._gem_schedule is not None and self.args.should_save:
+            self._gem_schedule.save(self._checkpoint_folder(trial))
         super()._save_checkpoint(model, trial)
+
+    def _checkpoint_folder(self, trial) -> str:
+        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     # -- the loss -------------------------------------------------------------------------
     def _raise_non_finite(self, mode: str) -> None:
@@ -159,12 +186,16 @@ class SFTTrainer(_TRLSFTTrainer):
             loss, result, aux_loss = outputs.loss, outputs.result, outputs.aux_loss
         else:
             model_outputs = model(**logits_inputs)
+            reference_logits = None
+            if self._reference is not None:
+                reference_logits = self._reference.logits(self._base_model(), logits_inputs)
             result = self._objective.from_logits(
                 model_outputs.logits,
                 inputs["labels"],
                 self._base_model(),
                 num_items_in_batch=num_items_in_batch,
                 shift_labels=inputs.get("shift_labels"),
+                reference_logits=reference_logits,
             )
             loss, aux_loss = result.loss, getattr(model_outputs, "aux_loss", None)
 
@@ -196,4 +227,22 @@ class SFTTrainer(_TRLSFTTrainer):
         means = [value / count if count > 0 else 0.0 for value in totals[1:]]
         for key, value in zip(["objective", "cross_entropy", "entropy", "mean_token_accuracy", *names], means):
             compat.log_metric(self, mode, key, value)
+        if mode == "train" and self._gem_schedule is not None:
+            # Summed over every process already, so every process moves beta the same way.
+            self._gem_schedule.observe(entropy_sum=totals[3], count=count)
         compat.count_train_tokens(self, inputs, mode)
+
+    def _update_gem_beta(self) -> None:
+        beta = self._gem_schedule.update()
+        self._objective.hparams["beta"] = beta
+        compat.set_metric(self, "train", "gem_beta", beta)
+
+
+class _GemBetaCallback(TrainerCallback):
+    """After every optimizer step, GEM's beta moves toward the target entropy (`gem_target_entropy`)."""
+
+    def __init__(self, trainer: SFTTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._update_gem_beta()

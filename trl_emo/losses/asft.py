@@ -201,5 +201,5 @@ LOSS = LossSpec(
     validate=check,
     description="ASFT: DFT anchored to a reference model by alpha KL(ref || model) (arXiv 2509.23753)",
     metrics=("ref_kl",),
-    needs_reference=True,
+    needs_reference=lambda hp: hp["alpha"] != 0,
 )

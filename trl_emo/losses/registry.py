@@ -58,8 +58,9 @@ class LossSpec:
             products for a quarter of the chunk at a time).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
         needs_reference: whether `per_token`/`chunk_kernel` take a `reference=` keyword (a
-            reference model's logits, or its hidden states and head as an `asft.ReferenceHead`); the
-            trainer runs the reference model for it.
+            reference model's logits, or its hidden states and head as an `asft.ReferenceHead`), or a
+            function of the hyper-parameters saying it (ASFT: only when `alpha != 0`); the trainer
+            runs the reference model only then.
         validate_vocab: optional check of the hyper-parameters against the model's vocabulary size,
             `validate_vocab(hparams, vocab_size)`, called when the trainer is built.
         uses_cost_embedding: whether `per_token`/`chunk_kernel` take a `cost_embedding=` keyword
@@ -79,8 +80,12 @@ class LossSpec:
     validate: Callable[[dict], None] | None = None
     description: str = ""
     metrics: tuple[str, ...] = ()
-    needs_reference: bool = False
+    needs_reference: bool | Callable[[dict], bool] = False
     validate_vocab: Callable[[dict, int], None] | None = None
+
+    def wants_reference(self, hparams: dict) -> bool:
+        """Whether a reference model must run for these hyper-parameters."""
+        return bool(self.needs_reference(hparams) if callable(self.needs_reference) else self.needs_reference)
 
 
 _REGISTRY: dict[str, LossSpec] = {}
