@@ -74,3 +74,23 @@ def test_alpha_zero_is_trls_dft_and_runs_no_reference(tmp_path, make_model, toke
                      train_dataset=pc_dataset, processing_class=tokenizer)
     dft.train()
     assert torch.allclose(torch.tensor(_losses(ours)), torch.tensor(_losses(dft)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("setup", ["zero3", "fsdp"])
+def test_a_separate_reference_is_refused_where_it_would_not_be_sharded(setup):
+    """A frozen copy (or asft_ref_model) under ZeRO-3/FSDP would be a whole model on every rank: a clear error
+    naming the ways out, before anything is copied (DeepSpeed's own tests run ASFT with LoRA under ZeRO-3)."""
+    from types import SimpleNamespace
+
+    from trl_emo.reference import ReferenceModel
+
+    plugin = SimpleNamespace(zero_stage=3)
+    trainer = SimpleNamespace(
+        _base_model=lambda: None,
+        model=object(),  # not a PeftModel
+        is_deepspeed_enabled=setup == "zero3",
+        is_fsdp_enabled=setup == "fsdp",
+        accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+    )
+    with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3 or FSDP.*use_peft: true"):
+        ReferenceModel.build(trainer, None)

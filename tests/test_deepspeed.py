@@ -57,6 +57,9 @@ RUNS = {
     "tailr": {"loss_type": "tailr"},
     "mixce": {"loss_type": "mixce"},
     "ce_entropy": {"loss_type": "ce_entropy"},
+    "eaft": {"loss_type": "eaft"},
+    # ASFT's reference under LoRA is the partitioned base model with the adapters off (no copy).
+    "asft_lora": {"loss_type": "asft", "asft_alpha": 0.5, "lora": ["q_proj", "v_proj"]},
     "emo_lora": {"loss_type": "emo", "lora": ["q_proj", "v_proj"]},  # frozen (partitioned) head
     # With a frozen head the live cost is the snapshot's, read inside the loss's own gather (no copy).
     "emo_lora_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head", "lora": ["q_proj", "v_proj"]},
