@@ -388,3 +388,11 @@ def test_eaft_topk_beyond_the_vocabulary_is_refused_when_the_trainer_is_built(tm
     args = cpu_config(tmp_path, loss_type="eaft", eaft_topk=10_000)
     with pytest.raises(ValueError, match="eaft_topk=10000 is larger than the model's vocabulary"):
         SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+
+
+def test_fused_kernel_settings_reach_the_loss(tmp_path, make_model, tokenizer, pc_dataset):
+    args = cpu_config(tmp_path, loss_type="gem", fused_backend="torch", fused_chunk_memory_mb=1.5, fused_fp32_head_grad=True)
+    objective = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)._objective
+    assert (objective.backend, objective.chunk_memory, objective.fp32_head_grad) == ("torch", int(1.5 * 2**20), True)
+    with pytest.raises(ValueError, match="fused_backend must be one of auto, triton, torch"):
+        cpu_config(tmp_path, loss_type="gem", fused_backend="cuda")
