@@ -156,7 +156,7 @@ def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
 def test_console_script_dispatch(capsys):
     assert cli.main(["losses"]) == 0
     listing = capsys.readouterr().out
-    for name in ("gem", "emo", "tailr", "mixce", "ce_entropy", "dft"):
+    for name in ("gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "dft"):
         assert name in listing
     assert cli.main(["frobnicate"]) == 2
 
