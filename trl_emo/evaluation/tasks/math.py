@@ -21,7 +21,7 @@ from ..math_answers import Equivalence, cluster_answers, extract_math_answer, im
 from ..prompts import PROMPT_COLUMNS, PromptSet, load_prompt_set
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import diversity, package_version, diversity_rows, response_rows, response_stats
+from .common import diversity, diversity_rows, package_version, response_rows, response_stats, sampling_settings
 
 # Part of the verdict cache's settings: bump when extraction or clustering changes.
 ANSWER_RULES = "boxed-else-last-line/v1"
@@ -142,8 +142,7 @@ class MathTask(EvalTask):
     def settings(self, examples: PromptSet) -> dict:
         config = self.config
         return {
-            "n": config.n, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-            "max_new_tokens": config.max_new_tokens, "seed": config.seed, "backend": config.backend,
+            **sampling_settings(config),
             "reward_model": config.reward_model, "prompts": examples.source, "math_k_values": config.math_k_values,
             "equivalence": f"math-verify {package_version('math-verify')}",
         }
