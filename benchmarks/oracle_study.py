@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.oracle` impor
 
 from benchmarks.oracle.students import DEFAULT_LOSSES, LOSSES  # noqa: E402
 
-# Default size: 8 min on a 2-core CPU (measured 2026-11-22; docs/oracle_study.md).
+# Default size: 7.5 min on a 2-core CPU with the nine default students (measured 2026-11-23; docs/oracle_study.md).
 DEFAULTS = dict(
     vocab_size=256,
     seq_len=32,
@@ -102,7 +102,7 @@ QUICK = dict(
     seeds=[0, 1],
 )
 
-STUDY_DATE = "2026-11-22"
+STUDY_DATE = "2026-11-23"
 
 REGIMES = {
     "ample": ("finetune_sequences", "finetune_epochs"),

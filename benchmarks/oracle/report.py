@@ -218,7 +218,8 @@ def target_entropy_comparison(runs: list[dict], paths: list[dict], student: str,
             diffs = [a[key] - b[key] for a, b in zip(own, values)]
             mean, std = mean_std(diffs)
             entry[key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs)}
-        entry["closer_in_both"] = sum(a["forward_kl"] < b["forward_kl"] and a["reverse_kl_on_samples"] < b["reverse_kl_on_samples"]
+        entry["closer_in_both"] = sum(a["forward_kl"] < b["forward_kl"]
+                                      and a["reverse_kl_on_samples"] < b["reverse_kl_on_samples"]
                                       for a, b in zip(own, values))
         entry["n"] = len(own)
         comparisons[name] = entry
@@ -382,8 +383,9 @@ def _off_scale(summary: dict, students: list[str]) -> list[str]:
 def _plot_row(plt, axes, summary: dict) -> None:
     students = order(summary)
     curve = frontier(summary)
-    palette = plt.cm.tab10 if len(students) <= 10 else plt.cm.tab20  # one color per student
-    colors = {s: palette(i % palette.N) for i, s in enumerate(students)}
+    # One distinct color per student: tab10's, then a few more (tab20's pairs of shades would look alike).
+    palette = [plt.cm.tab10(i) for i in range(10)] + ["black", "darkgoldenrod", "navy", "lime", "magenta"]
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(students)}
     off = _off_scale(summary, students)
     shown = [s for s in students if s not in off]
 
