@@ -25,6 +25,7 @@ import argparse
 import datetime
 import contextlib
 import json
+import math
 import os
 import warnings
 import platform
@@ -44,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.oracle` impor
 
 from benchmarks.oracle.students import DEFAULT_LOSSES, LOSSES  # noqa: E402
 
-# Default size: 8 min on a 2-core CPU (measured 2026-11-22; docs/oracle_study.md).
+# Default size: 7.5 min on a 2-core CPU with the nine default students (measured 2026-11-23; docs/oracle_study.md).
 DEFAULTS = dict(
     vocab_size=256,
     seq_len=32,
@@ -101,7 +102,7 @@ QUICK = dict(
     seeds=[0, 1],
 )
 
-STUDY_DATE = "2026-11-22"
+STUDY_DATE = "2026-11-23"
 
 REGIMES = {
     "ample": ("finetune_sequences", "finetune_epochs"),
@@ -153,6 +154,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="Also measure the nll student sampled at these temperatures (its logits divided by T): "
                         f"the precision/recall/entropy trade-off a temperature knob gives for free (default "
                         f"{DEFAULTS['nll_temperatures']}; none: no frontier).")
+    adaptive = parser.add_argument_group("GEM with a target entropy (the gem-target student)")
+    adaptive.add_argument("--gem_target_entropy", type=float, default=None,
+                          help="Target entropy in nats (default: the oracle's own mean next-token entropy over the "
+                          "target tokens of the regime's fine-tuning data).")
+    adaptive.add_argument("--gem_beta_step", type=float, default=None,
+                          help="Its gem_beta_step, log beta per nat per optimizer step (default: the library's).")
     for name, value in DEFAULTS.items():
         if name in ("seeds", "nll_temperatures"):
             continue
@@ -170,6 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--limited_sequences cannot exceed --finetune_sequences (the limited set is a prefix of it)")
     if args.num_prompts > args.heldout_sequences:
         parser.error("--num_prompts cannot exceed --heldout_sequences")
+    if args.gem_target_entropy is not None and not 0 < args.gem_target_entropy < math.log(args.vocab_size):
+        parser.error(f"--gem_target_entropy must be in (0, ln {args.vocab_size}) = (0, {math.log(args.vocab_size):.3f})")
+    if args.gem_beta_step is not None and not (args.gem_beta_step > 0 and math.isfinite(args.gem_beta_step)):
+        parser.error("--gem_beta_step must be a positive number")
     return args
 
 
@@ -218,6 +229,30 @@ def _default(field_name: str):
     from trl_emo import SFTConfig
 
     return {f.name: f.default for f in dataclasses.fields(SFTConfig)}[field_name]
+
+
+def _gem_beta_path(log_history: list[dict], start: float, target: float) -> dict:
+    """The path of an adaptive GEM beta (logged at every step) and of the training entropy it steers."""
+    rows = [row for row in log_history if "gem_beta" in row and "train_runtime" not in row]
+    betas = [float(row["gem_beta"]) for row in rows]
+    entropies = [float(row["entropy"]) for row in rows]
+    if not betas:
+        raise RuntimeError("the adaptive GEM beta was not logged (is gem_target_entropy set?)")
+    tail = entropies[-10:]
+    return {
+        "target_entropy": target,
+        "start": start,
+        "end": betas[-1],
+        "min": min(start, *betas),
+        "max": max(start, *betas),
+        # The first step after which beta sits at its upper bound 1 (None: never).
+        "first_step_at_1": next((row["step"] for row, beta in zip(rows, betas) if beta >= 1.0), None),
+        "train_entropy_first": entropies[0],
+        "train_entropy_last10": sum(tail) / len(tail),
+        "steps": [int(row["step"]) for row in rows],
+        "path": betas,
+        "train_entropy": entropies,
+    }
 
 
 def _final_train_log(log_history: list[dict]) -> dict:
@@ -273,6 +308,11 @@ def _run_study(args, work: Path) -> dict:
     oracle_metrics = evaluate(oracle, oracle, seed=args.oracle_seed + 4, train_subset=finetune[: args.heldout_sequences],
                               **eval_kwargs)
     oracle_info["entropy_on_heldout"] = oracle_metrics["entropy"]
+    # gem-target's target: the oracle's mean next-token entropy over the target tokens of the regime's
+    # fine-tuning data, the very positions where the trainer measures the student's entropy.
+    oracle_info["entropy_on_finetune"] = {
+        regime: lm.compare_on_text(oracle, oracle, sequences)["oracle_entropy"] for regime, (sequences, _) in data.items()
+    }
     oracle_head_path = work / "oracle_head.safetensors"
     save_file({"cost_embedding": oracle.get_output_embeddings().weight.detach().contiguous()}, str(oracle_head_path))
     timings["oracle_and_data"] = time.perf_counter() - started
@@ -319,18 +359,32 @@ def _run_study(args, work: Path) -> dict:
             # -- one fine-tune per loss, all from the same start ----------------------------
             for name in args.losses:
                 t0 = time.perf_counter()
-                fields = {k: (v.format(oracle_head=oracle_head_path) if isinstance(v, str) else v)
-                          for k, v in LOSSES[name].items()}
+                fields = students.fill(LOSSES[name], oracle_head=oracle_head_path,
+                                       oracle_entropy=oracle_info["entropy_on_finetune"][regime])
+                if fields.get("gem_target_entropy") is not None:
+                    if args.gem_target_entropy is not None:
+                        fields["gem_target_entropy"] = args.gem_target_entropy
+                    if args.gem_beta_step is not None:
+                        fields["gem_beta_step"] = args.gem_beta_step
                 student = students.load(base_dir)
                 info_ft = students.train(student, tokenizer, sequences, work / f"seed{seed}-{regime}-{name}",
                                          seed=seed, batch_size=args.batch_size, learning_rate=args.learning_rate,
                                          num_epochs=epochs, loss_fields=fields)
                 metrics = evaluate(student, oracle, seed=sample_seed, train_subset=train_subset, **eval_kwargs)
                 runs.append({"regime": regime, "student": name, "seed": seed, "metrics": metrics})
-                training.append({"regime": regime, "student": name, "seed": seed, "steps": info_ft["steps"],
-                                 "seconds": info_ft["seconds"], **_final_train_log(info_ft["log_history"])})
+                record = {"regime": regime, "student": name, "seed": seed, "steps": info_ft["steps"],
+                          "seconds": info_ft["seconds"], **_final_train_log(info_ft["log_history"])}
+                if fields.get("gem_target_entropy") is not None:
+                    record["gem_beta"] = _gem_beta_path(info_ft["log_history"], fields.get("gem_beta", _default("gem_beta")),
+                                                        fields["gem_target_entropy"])
+                training.append(record)
                 _log(f"[seed {seed}] {regime:<7} {name:<15} ({info_ft['steps']} steps, train {info_ft['seconds']:.0f}s, "
                      f"total {time.perf_counter() - t0:.0f}s): {_short(metrics)}")
+                if "gem_beta" in record:
+                    path = record["gem_beta"]
+                    _log(f"[seed {seed}] {regime:<7} {name:<15} beta {path['start']:g} -> {path['end']:.4f} "
+                         f"(range {path['min']:.4f}-{path['max']:.4f}); training entropy {path['train_entropy_first']:.3f}"
+                         f" -> {path['train_entropy_last10']:.3f} (last 10 steps), target {path['target_entropy']:.3f}")
                 if name == "nll":
                     for temperature in args.nll_temperatures:
                         tempered = lm.with_temperature(student, temperature)
@@ -344,7 +398,8 @@ def _run_study(args, work: Path) -> dict:
             t0 = time.perf_counter()
 
     runtime = time.perf_counter() - started
-    config = {key: getattr(args, key) for key in [*DEFAULTS, "losses", "regimes", "quick"]}
+    config = {key: getattr(args, key) for key in [*DEFAULTS, "losses", "regimes", "quick", "gem_target_entropy",
+                                                  "gem_beta_step"]}
     return {
         "study": "oracle_study",
         "date": STUDY_DATE,
@@ -363,7 +418,7 @@ def _run_study(args, work: Path) -> dict:
         "loss_settings": {name: LOSSES[name] for name in args.losses},
         "runs": runs,
         "training": training,
-        **report.analyse(runs, args.regimes),
+        **report.analyse(runs, args.regimes, training),
         "timings_seconds": {**timings, "total": runtime},
     }
 
@@ -426,6 +481,19 @@ def write_outputs(results: dict, output_dir) -> None:
                 report.markdown_matched(matched),
                 "",
             ]
+        for student, comparison in results.get("target_entropy", {}).get(regime, {}).items():
+            target = ("the oracle's own mean token entropy on the fine-tuning data" if cfg.get("gem_target_entropy") is None
+                      else f"a target entropy of {cfg['gem_target_entropy']:g} nats set with --gem_target_entropy")
+            lines += [
+                f"GEM with a target entropy ({student}: beta adapted after every step toward {target}): how close it "
+                "lands to the oracle, beside fixed-beta GEM, nll, "
+                "and nll sampled at the entropy it reached and at the oracle's entropy (interpolated along nll's "
+                "temperature curve, per seed; T = that temperature). Mean ± std over seeds; a comparator row counts the "
+                "seeds where the student's value is lower.",
+                "",
+                report.markdown_target_entropy(student, comparison),
+                "",
+            ]
     lines.append(f"Runtime: {results['timings_seconds']['total']:.0f} s on {results['machine']['cpu_count']} CPU cores "
                  f"({results['machine']['torch_threads']} torch threads).")
     (output_dir / "results.md").write_text("\n".join(lines) + "\n")
@@ -441,7 +509,8 @@ def main(argv=None) -> dict:
         from benchmarks.oracle import report
 
         results = json.loads(Path(args.from_results).read_text())
-        results.update(report.analyse(results["runs"], results["config"]["regimes"]))  # with this version's analysis
+        # with this version's analysis
+        results.update(report.analyse(results["runs"], results["config"]["regimes"], results.get("training")))
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     else:
         with _quiet():

@@ -212,7 +212,8 @@ def test_head_calibration_reaches_the_target_entropy():
 # --quick, end to end
 # ---------------------------------------------------------------------------------------------
 
-DEFAULT_STUDENTS = ("nll", "gem-linear", "gem-logsigmoid", "emo", "tailr", "mixce")
+DEFAULT_STUDENTS = ("nll", "gem-linear", "gem-logsigmoid", "gem-target", "emo", "tailr", "tailr-floor", "tailr-authors",
+                    "mixce")
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +289,60 @@ def test_quick_nll_student_learns_from_the_oracle(quick):
     assert len(steps) == 1 and steps.pop() > 0
 
 
+def test_quick_gem_target_follows_its_schedule_toward_the_oracle_entropy(quick):
+    """gem-target's beta starts at gem-linear's, moves after every step by the documented rule
+    `log beta <- clip(log beta - step * (target - entropy), log beta_min, 0)` with the step's logged training
+    entropy, and its target is the oracle's entropy on the very tokens it trains on."""
+    from trl_emo import SFTConfig
+
+    _, results = quick
+    defaults = SFTConfig(output_dir="unused", loss_type="gem")
+    paths = [row for row in results["training"] if row["student"] == "gem-target"]
+    assert len(paths) == 2 * len(results["config"]["seeds"])
+    for row in paths:
+        path = row["gem_beta"]
+        target = results["oracle"]["entropy_on_finetune"][row["regime"]]
+        assert path["target_entropy"] == target
+        assert abs(target - results["oracle"]["entropy_on_heldout"]) < 0.15
+        assert path["start"] == defaults.gem_beta and len(path["path"]) == row["steps"] > 0
+        beta = path["start"]
+        for logged, entropy in zip(path["path"], path["train_entropy"]):
+            expected = math.exp(min(0.0, max(math.log(defaults.gem_beta_min),
+                                             math.log(beta) - defaults.gem_beta_step * (target - entropy))))
+            assert logged == pytest.approx(expected, rel=1e-12)
+            beta = logged
+        # The tiny students are far more entropic than the oracle: beta rises, here to its bound.
+        assert path["train_entropy_first"] > target and path["end"] > path["start"]
+    comparison = results["target_entropy"]["ample"]["gem-target"]
+    assert {"gem-target", "gem-linear", "nll", "nll at gem-target's entropy"} <= set(comparison["rows"])
+    assert comparison["comparisons"]["gem-linear"]["n"] == len(results["config"]["seeds"])
+    md = (quick[0] / "results.md").read_text()
+    assert "GEM with a target entropy (gem-target" in md and "beta: start 0.7" in md
+
+
+def test_quick_tailr_variants_are_three_different_losses(quick):
+    """The paper's TaiLr, its floored weight and the EMO authors' nll-mixed baseline train different students."""
+    _, results = quick
+    by = {(row["regime"], row["student"], row["seed"]): row["metrics"] for row in results["runs"]}
+    seed = results["config"]["seeds"][0]
+    recalls = {name: by[("limited", name, seed)]["recall_ppl"] for name in ("tailr", "tailr-floor", "tailr-authors")}
+    assert len(set(recalls.values())) == 3, recalls
+
+
+def test_curve_at_entropy_interpolates_the_temperature_too():
+    from benchmarks.oracle.report import MATCHED_KEYS, curve_at_entropy
+
+    def metrics(entropy, recall):
+        return {key: 1.0 for key in MATCHED_KEYS} | {"entropy": entropy, "recall_ppl": recall}
+
+    seed = {"nll@T=0.8": metrics(2.0, 10.0), "nll": metrics(3.0, 10.0), "nll@T=1.2": metrics(4.0, 40.0),
+            "gem": metrics(3.5, 1.0)}
+    at = curve_at_entropy(seed, 3.5)
+    assert at["temperature"] == pytest.approx(1.1) and at["recall_ppl"] == pytest.approx(20.0)
+    assert at["entropy"] == 3.5
+    assert curve_at_entropy(seed, 4.5) is None and curve_at_entropy({"nll": metrics(3.0, 1.0)}, 3.0) is None
+
+
 def test_optional_students_run(tmp_path):
     """The non-default students (EMO with the oracle's head as its cost, CE + entropy) run too."""
     from benchmarks.oracle_study import main
@@ -308,6 +363,10 @@ def test_bad_arguments_are_rejected():
         parse_args(["--losses", "not-a-loss"])
     with pytest.raises(SystemExit):
         parse_args(["--quick", "--samples_per_prompt", "1"])
+    with pytest.raises(SystemExit):
+        parse_args(["--quick", "--gem_target_entropy", "5.0"])  # above ln 64
+    with pytest.raises(SystemExit):
+        parse_args(["--gem_beta_step", "0"])
     args = parse_args(["--quick", "--seeds", "3", "4", "--learning_rate", "0.5"])
     assert args.seeds == [3, 4] and args.learning_rate == 0.5 and args.vocab_size == 64
 

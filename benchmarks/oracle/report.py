@@ -48,10 +48,12 @@ def frontier_temperature(name: str) -> float:
     return float(name[len(FRONTIER_PREFIX):])
 
 
-def analyse(runs: list[dict], regimes: list[str]) -> dict:
-    """Per regime: the summary over seeds, the paired differences with nll, and the differences with
-    nll at equal entropy (when nll and its temperature curve were measured)."""
-    out = {"summary": {}, "paired_differences_vs_nll": {}, "differences_vs_nll_at_equal_entropy": {}}
+def analyse(runs: list[dict], regimes: list[str], training: list[dict] | None = None) -> dict:
+    """Per regime: the summary over seeds, the paired differences with nll, the differences with
+    nll at equal entropy (when nll and its temperature curve were measured), and the closeness to
+    the oracle of each GEM student with a target entropy (when `training` holds its beta path)."""
+    out = {"summary": {}, "paired_differences_vs_nll": {}, "differences_vs_nll_at_equal_entropy": {},
+           "target_entropy": {}}
     for regime in regimes:
         rows = [row for row in runs if row["regime"] in (regime, None)]
         out["summary"][regime] = summarize(rows)
@@ -60,6 +62,10 @@ def analyse(runs: list[dict], regimes: list[str]) -> dict:
             out["paired_differences_vs_nll"][regime] = paired_differences(rows)
             if any(is_frontier(name) for name in names):
                 out["differences_vs_nll_at_equal_entropy"][regime] = matched_entropy_differences(rows)
+        paths = [row for row in training or [] if row["regime"] == regime and "gem_beta" in row]
+        for student in sorted({row["student"] for row in paths}):
+            out["target_entropy"].setdefault(regime, {})[student] = target_entropy_comparison(
+                rows, [row for row in paths if row["student"] == student], student)
     return out
 
 
@@ -139,6 +145,131 @@ def matched_entropy_differences(runs: list[dict], baseline: str = "nll") -> dict
             mean, std = mean_std(values)
             out[student][key] = {"mean": mean, "std": std, "n": len(values), "lower": sum(v < 0 for v in values)}
     return out
+
+
+def curve_at_entropy(metrics_by_student: dict, entropy: float, baseline: str = "nll") -> dict | None:
+    """One seed's `baseline` temperature curve (`nll@T=…` rows and `nll` at T = 1) interpolated at
+    `entropy`: the `MATCHED_KEYS`, and the temperature itself; `None` outside the curve."""
+    names = [name for name in metrics_by_student if is_frontier(name) or name == baseline]
+    if baseline not in metrics_by_student or len(names) < 2:
+        return None
+    xs = [metrics_by_student[name]["entropy"] for name in names]
+    if interpolate(xs, [0.0] * len(xs), entropy) is None:
+        return None
+    out = {key: interpolate(xs, [metrics_by_student[name][key] for name in names], entropy, log=key in LOG_KEYS)
+           for key in MATCHED_KEYS}
+    out["temperature"] = interpolate(xs, [1.0 if name == baseline else frontier_temperature(name) for name in names],
+                                     entropy)
+    out["entropy"] = entropy
+    return out
+
+
+# What "closer to the oracle in both KL directions" reads: the forward KL on held-out oracle text and
+# the reverse KL on the student's own samples (both sequence-level, per token); the reverse KL on
+# held-out prefixes is reported beside them.
+CLOSENESS_KEYS = ("forward_kl", "reverse_kl_on_samples", "reverse_kl")
+TARGET_ROW_KEYS = ("entropy", "forward_kl", "reverse_kl_on_samples", "reverse_kl", "recall_ppl", "precision_ppl",
+                   "temperature")
+
+
+def target_entropy_comparison(runs: list[dict], paths: list[dict], student: str, fixed: str = "gem-linear",
+                              baseline: str = "nll") -> dict:
+    """How close to the oracle a GEM student with a target entropy lands, beside fixed-beta GEM, `baseline`
+    at T = 1, `baseline` sampled at the entropy the student reached, and `baseline` sampled at the oracle's own
+    entropy (both interpolated along its temperature curve, per seed); per comparator, the paired differences
+    in both KL directions and on how many seeds the student is closer in both. `paths` are the student's
+    training records (their `gem_beta` entries)."""
+    by_seed = defaultdict(dict)
+    for row in runs:
+        by_seed[row["seed"]][row["student"]] = row["metrics"]
+    oracle = by_seed[None].get("oracle")
+    rows: dict[str, list[dict]] = defaultdict(list)
+    for seed, metrics in by_seed.items():
+        if seed is None or student not in metrics:
+            continue
+        rows[student].append(metrics[student])
+        for name in (fixed, baseline):
+            if name in metrics:
+                rows[name].append(metrics[name])
+        reached = curve_at_entropy(metrics, metrics[student]["entropy"], baseline)
+        if reached is not None:
+            rows[f"{baseline} at {student}'s entropy"].append(reached)
+        if oracle is not None:
+            at_oracle = curve_at_entropy(metrics, oracle["entropy"], baseline)
+            if at_oracle is not None:
+                rows[f"{baseline} at the oracle's entropy"].append(at_oracle)
+    table = {}
+    if oracle is not None:
+        table["oracle"] = {key: {"mean": oracle[key], "std": 0.0, "n": 1} for key in TARGET_ROW_KEYS if key in oracle}
+    for name, values in rows.items():
+        table[name] = {}
+        for key in TARGET_ROW_KEYS:
+            present = [v[key] for v in values if v.get(key) is not None]
+            if present:
+                mean, std = mean_std(present)
+                table[name][key] = {"mean": mean, "std": std, "n": len(present)}
+    comparisons = {}
+    own = rows[student]
+    for name, values in rows.items():
+        if name == student or len(values) != len(own):
+            continue
+        entry = {}
+        for key in CLOSENESS_KEYS:
+            diffs = [a[key] - b[key] for a, b in zip(own, values)]
+            mean, std = mean_std(diffs)
+            entry[key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs)}
+        entry["closer_in_both"] = sum(a["forward_kl"] < b["forward_kl"]
+                                      and a["reverse_kl_on_samples"] < b["reverse_kl_on_samples"]
+                                      for a, b in zip(own, values))
+        entry["n"] = len(own)
+        comparisons[name] = entry
+    beta = {
+        "start": sorted({p["gem_beta"]["start"] for p in paths}),
+        "end": dict(zip(("mean", "std"), mean_std(p["gem_beta"]["end"] for p in paths))),
+        "min": min(p["gem_beta"]["min"] for p in paths),
+        "max": max(p["gem_beta"]["max"] for p in paths),
+        "first_step_at_1": [p["gem_beta"]["first_step_at_1"] for p in paths],
+        "steps": [p["steps"] for p in paths],
+        "target_entropy": sorted({p["gem_beta"]["target_entropy"] for p in paths}),
+        "train_entropy_first": dict(zip(("mean", "std"), mean_std(p["gem_beta"]["train_entropy_first"] for p in paths))),
+        "train_entropy_last10": dict(zip(("mean", "std"), mean_std(p["gem_beta"]["train_entropy_last10"] for p in paths))),
+    }
+    return {"rows": table, "comparisons": comparisons, "beta": beta}
+
+
+def markdown_target_entropy(student: str, result: dict) -> str:
+    """The rows, the paired comparisons and beta's path of `target_entropy_comparison`."""
+    titles = {key: title.split(" (")[0] for key, title, _ in TABLE_COLUMNS}
+    titles["temperature"] = "T"
+    fmts = {key: fmt for key, _, fmt in TABLE_COLUMNS} | {"temperature": "{:.3f}"}
+    lines = ["| student | " + " | ".join(titles[k] for k in TARGET_ROW_KEYS) + " |",
+             "|---|" + "---:|" * len(TARGET_ROW_KEYS)]
+    for name, row in result["rows"].items():
+        cells = [_cell(row[key], fmts[key]) if key in row else "" for key in TARGET_ROW_KEYS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"| {student} − comparator | " + " | ".join(titles[k] for k in CLOSENESS_KEYS)
+              + " | closer in both (forward, reverse on own samples) |", "|---|" + "---:|" * (len(CLOSENESS_KEYS) + 1)]
+    for name, entry in result["comparisons"].items():
+        cells = []
+        for key in CLOSENESS_KEYS:
+            d = entry[key]
+            sign = "+" if d["mean"] >= 0 else ""
+            cells.append(f"{sign}{fmts[key].format(d['mean'])} ± {fmts[key].format(d['std'])} ({d['lower']}/{d['n']} lower)")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['closer_in_both']}/{entry['n']} seeds |")
+    beta = result["beta"]
+    at_1 = beta["first_step_at_1"]
+    reached = [s for s in at_1 if s is not None]
+    lines += [
+        "",
+        f"beta: start {', '.join(f'{b:g}' for b in beta['start'])}; end {beta['end']['mean']:.4f} ± "
+        f"{beta['end']['std']:.4f}; range over seeds and steps {beta['min']:.4f}–{beta['max']:.4f}; at its bound 1 "
+        + (f"from step {', '.join(str(s) for s in at_1)} of {', '.join(str(s) for s in beta['steps'])}"
+           if reached else "never")
+        + f". Training entropy (mean over the step's target tokens): {beta['train_entropy_first']['mean']:.3f} at the "
+        f"first step, {beta['train_entropy_last10']['mean']:.3f} ± {beta['train_entropy_last10']['std']:.3f} over the "
+        f"last 10 steps; target {', '.join(f'{t:.3f}' for t in beta['target_entropy'])} nats.",
+    ]
+    return "\n".join(lines)
 
 
 def markdown_matched(differences: dict, baseline: str = "nll") -> str:
@@ -252,7 +383,9 @@ def _off_scale(summary: dict, students: list[str]) -> list[str]:
 def _plot_row(plt, axes, summary: dict) -> None:
     students = order(summary)
     curve = frontier(summary)
-    colors = {s: plt.cm.tab10(i % 10) for i, s in enumerate(students)}
+    # One distinct color per student: tab10's, then a few more (tab20's pairs of shades would look alike).
+    palette = [plt.cm.tab10(i) for i in range(10)] + ["black", "darkgoldenrod", "navy", "lime", "magenta"]
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(students)}
     off = _off_scale(summary, students)
     shown = [s for s in students if s not in off]
 
