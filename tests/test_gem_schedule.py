@@ -34,6 +34,22 @@ def test_beta_stays_within_its_bounds_and_a_step_without_tokens_changes_nothing(
     assert s.update() == 1.0  # nothing observed since: unchanged
 
 
+def test_a_target_out_of_reach_is_reported_once():
+    s = schedule(step_size=10.0)
+    messages = []
+    for _ in range(25):
+        s.observe(400.0, 100)  # mean 4.0 > target 2.0 even at beta = 1
+        s.update()
+        messages.append(s.saturation_message())
+    reported = [m for m in messages if m]
+    assert len(reported) == 1 and "out of GEM's reach" in reported[0] and "4.000 nats" in reported[0]
+    low = schedule(step_size=10.0)
+    for _ in range(20):
+        low.observe(0.0, 100)
+        low.update()
+    assert "gem_beta_min=0.3" in low.saturation_message()
+
+
 def test_the_state_round_trips_exactly(tmp_path):
     s = schedule()
     s.observe(13.0, 7)

@@ -68,11 +68,14 @@ class SFTConfig(_TRLSFTConfig):
             Mean token entropy (nats per target token) GEM should keep. When set, `gem_beta` is only the starting value:
             after every optimizer step `log(gem_beta)` moves by `gem_beta_step` times the gap between the target and the
             step's mean entropy (over all processes), within `[gem_beta_min, 1]`; the current value is logged as
-            `gem_beta` and restored on resume. Must be in `(0, ln V)`. Default: a fixed `gem_beta`.
+            `gem_beta` and restored on resume. Must be in `(0, ln V)`. Default: a fixed `gem_beta`. GEM can only keep at
+            least cross-entropy's entropy (at `beta = 1` it is cross-entropy): a lower target pins `beta` at 1, which is
+            reported once in the log.
         gem_beta_min (`float`, *optional*, defaults to `0.3`):
             Lower bound of the adaptive `gem_beta` (with `gem_target_entropy`).
         gem_beta_step (`float`, *optional*, defaults to `0.05`):
-            Step of the adaptive `gem_beta`, in `log(beta)` per nat of entropy gap per optimizer step.
+            Step of the adaptive `gem_beta`, in `log(beta)` per nat of entropy gap per optimizer step. 0.05 settles within a
+            few dozen steps of ~1k tokens in the oracle study; 0.2 oscillates there.
         emo_cost_embedding (`str`, *optional*, defaults to `"frozen"`):
             Source of EMO's transport cost `1 - cos(e_i, e_j)`. `"frozen"`: a snapshot of the model's output
             embedding taken when training starts (after any token resizing), never updated (the paper's setting).

@@ -235,6 +235,9 @@ class SFTTrainer(_TRLSFTTrainer):
     def _update_gem_beta(self) -> None:
         beta = self._gem_schedule.update()
         self._objective.hparams["beta"] = beta
+        message = self._gem_schedule.saturation_message()
+        if message is not None:
+            logger.warning(message)
         compat.set_metric(self, "train", "gem_beta", beta)
 
 
