@@ -13,7 +13,7 @@ import yaml
 from trl_emo.evaluation import generation, metrics
 from trl_emo.evaluation.cli import run
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, require_minilm
 
 TITLES = [{"title": "The Sea"}, {"title": "  "}, {"title": "Autumn  Leaves"}]
 # Per title, n = 3 samples: identical poems for the sea, three different ones for autumn.
@@ -52,6 +52,7 @@ def assets(tmp_path_factory):
 
 
 def test_creative_task_end_to_end_and_resume(assets, tmp_path, monkeypatch, capsys):
+    require_minilm()
     calls = {"generate": 0, "prompts": []}
 
     def fake_generate(self, prompts, num_samples, seed, greedy=False):

