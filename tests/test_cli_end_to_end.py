@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CORPUS
+from conftest import CORPUS, free_port, launch_failure
 from data_fixtures import write_fixture
 from trl_emo import cli, dpo, sft
 
@@ -141,13 +141,13 @@ def test_sft_then_dpo(tmp_path, tiny, lora):
 def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519", "-m", "trl_emo.sft",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "trl_emo.sft",
            "--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
            "--loss_type", "gem", "--save_strategy", "steps", "--save_steps", "2", *short(out)]
     # CPU processes (gloo) on every machine: hidden GPUs keep accelerate from wanting two of them.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, launch_failure(result)
     state = final_state(out)
     assert state["global_step"] == 2
     assert (out / "model.safetensors").exists()

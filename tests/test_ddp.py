@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import free_port, launch_failure
+
 SCRIPT = Path(__file__).parent / "scripts" / "train_tiny.py"
 
 FSDP2_CPU = """\
@@ -54,7 +56,7 @@ def single_process(tmp_path_factory):
             out = root / f"single-{loss_type}.json"
             result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, "4", "3"],
                                     env=_env(), capture_output=True, text=True, timeout=300)
-            assert result.returncode == 0, result.stderr[-3000:]
+            assert result.returncode == 0, launch_failure(result)
             cache[loss_type] = json.loads(out.read_text())
         return cache[loss_type]
 
@@ -64,14 +66,14 @@ def single_process(tmp_path_factory):
 def _launch(launcher_args, model_dir, out, loss_type):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher_args, str(SCRIPT), model_dir, str(out), loss_type, "2", "3"]
     result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, launch_failure(result)
     return json.loads(out.read_text())
 
 
 def test_two_process_ddp_matches_one_process(single_process):
     model_dir, root, single = single_process
     ddp = _launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                   "--dynamo_backend", "no", "--main_process_port", "29517"], model_dir, root / "ddp.json", "emo")
+                   "--dynamo_backend", "no", "--main_process_port", str(free_port())], model_dir, root / "ddp.json", "emo")
     reference = single("emo")
     assert ddp["num_processes"] == 2 and reference["num_processes"] == 1
     assert len(ddp["losses"]) == 3
@@ -84,7 +86,7 @@ def test_two_process_fsdp2_matches_one_process(single_process):
     model_dir, root, single = single_process
     config = root / "fsdp2_cpu.yaml"
     config.write_text(FSDP2_CPU)
-    fsdp = _launch(["--config_file", str(config), "--main_process_port", "29518"], model_dir, root / "fsdp.json", "gem")
+    fsdp = _launch(["--config_file", str(config), "--main_process_port", str(free_port())], model_dir, root / "fsdp.json", "gem")
     reference = single("gem")
     assert fsdp["num_processes"] == 2
     assert torch.allclose(torch.tensor(fsdp["losses"]), torch.tensor(reference["losses"]), rtol=1e-5)

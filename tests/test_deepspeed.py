@@ -22,7 +22,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CORPUS
+from conftest import CORPUS, free_port, launch_failure
 
 pytestmark = [
     pytest.mark.skipif(
@@ -86,13 +85,6 @@ ZERO3_TEST_CONFIG = {
 }
 
 
-def free_port() -> int:
-    # Several test sessions can share a machine: a fixed port could be taken.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def cpu_env() -> dict:
     env = dict(os.environ)
     env.update(
@@ -108,7 +100,7 @@ def cpu_env() -> dict:
 def run(cmd, timeout=300):
     # The timeout turns a collective that never completes into a failure instead of a stuck CI job.
     result = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, launch_failure(result)
     return result
 
 
