@@ -25,6 +25,12 @@ def fmt(value) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
+def table_lines(header: list[str], rows) -> list[str]:
+    """A Markdown table: the first column (names) left-aligned, the others (numbers) right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def markdown_table(summary: dict, task) -> str:
     """The task's header, then one table per metric group with one column per model."""
     names = list(summary["models"])
@@ -35,9 +41,8 @@ def markdown_table(summary: dict, task) -> str:
         if isinstance(rows, str):  # a table the task laid out itself
             sections.append(f"### {title}\n\n{rows}")
             continue
-        lines = [f"### {title}", "", "| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        lines += [f"| {label} | " + " | ".join(fmt(v) for v in values) + " |" for label, values in rows]
-        sections.append("\n".join(lines))
+        table = table_lines(["metric", *names], [[label, *map(fmt, values)] for label, values in rows])
+        sections.append("\n".join([f"### {title}", "", *table]))
     return task.header(summary) + "\n" + "\n\n".join(sections) + "\n"
 
 

@@ -15,7 +15,9 @@ from ..scoring import REFERENCE, score_references
 from ..math_answers import Equivalence
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import curve_rows, diversity, diversity_rows, response_rows, response_stats, sampling_settings
+from .common import (
+    curve_rows, diversity, diversity_rows, response_rows, response_stats, reward_text, sampling_settings, sampling_text,
+)
 
 
 @register_task
@@ -93,11 +95,9 @@ class BonTask(EvalTask):
     def header(self, summary: dict) -> str:
         settings = summary["settings"]
         prompts = settings["prompts"]
-        reward = f"reward model `{settings['reward_model']}`" if settings["reward_model"] else "no reward model"
         return (
             f"# {self.title}\n\n{prompts.get('num_prompts')} prompts from `{prompts.get('prompts')}`, "
-            f"n = {settings['n']}, temperature {settings['temperature']}, top-k {settings['top_k']}, "
-            f"top-p {settings['top_p']}, {reward}.\n"
+            f"{sampling_text(settings)}, {reward_text(settings)}.\n"
         )
 
     def report_sections(self, summary: dict) -> list:

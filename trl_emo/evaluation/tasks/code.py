@@ -25,10 +25,10 @@ from ..code_execution import (
 )
 from ..config import EvaluationError
 from ..generation import GREEDY
-from ..prompts import PromptSet, render_policy_prompt
-from ..report import fmt
+from ..prompts import PromptSet, load_prompt_set, render_policy_prompt
+from ..report import fmt, table_lines
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import response_rows, response_stats, sampling_settings
+from .common import response_rows, response_stats, sampling_settings, sampling_text
 
 CODE_FIELDS = (
     "allow_code_execution", "code_execution_timeout", "code_execution_memory_mb", "code_execution_workers",
@@ -64,9 +64,12 @@ class CodeProblem:
 
 
 class CodeTask(EvalTask):
-    """Base of the code tasks; a subclass sets `name`, `title`, `benchmark`, `defaults["prompts"]` and `problem`."""
+    """Base of the code tasks; a subclass sets `name`, `title`, `benchmark`, `prompt_columns`, `defaults["prompts"]`
+    and `problem`."""
 
     benchmark = ""
+    # The benchmark's own columns, in order of preference, that hold the problem statement.
+    prompt_columns: tuple[str, ...] = ("prompt",)
     defaults = {
         "n": 200, "temperature": 0.6, "top_k": 50, "top_p": 0.9,
         # GEM gives no length for code; 512 new tokens is Magicoder's text2code setting.
@@ -148,6 +151,13 @@ class CodeTask(EvalTask):
         return self._sandbox
 
     # ------------------------------------------------------------------ examples and prompts
+
+    def load_examples(self) -> PromptSet:
+        # No reference answer: the benchmark's tests judge the programs.
+        examples = load_prompt_set(
+            self.config, find_answer_column=lambda rows, columns: None, prompt_columns=self.prompt_columns
+        )
+        return self.attach_problems(examples)
 
     def problem(self, row: dict) -> CodeProblem:
         raise NotImplementedError
@@ -288,8 +298,7 @@ class CodeTask(EvalTask):
         prompt = "Magicoder's prompt" if settings["code_prompt"] == "magicoder" else "the policy's prompt format"
         return (
             f"# {self.title}\n\n{prompts.get('num_prompts')} problems from `{prompts.get('prompts')}`, "
-            f"n = {settings['n']}, temperature {settings['temperature']}, top-k {settings['top_k']}, "
-            f"top-p {settings['top_p']}, {prompt}; each program run with the benchmark's tests in the sandbox "
+            f"{sampling_text(settings)}, {prompt}; each program run with the benchmark's tests in the sandbox "
             f"({settings['timeout']:g} s, {settings['memory_mb']} MB).\n"
         )
 
@@ -297,11 +306,11 @@ class CodeTask(EvalTask):
         ks = next(iter(models.values()))["pass"]["k"]
         greedy = any("greedy_pass" in m for m in models.values()) and estimator == "unbiased"
         heads = [f"pass@{k}" for k in ks] + (["greedy"] if greedy else [])
-        lines = ["| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+        rows = []
         for name, model in models.items():
             values = list(model["pass"][estimator]) + ([model.get("greedy_pass")] if greedy else [])
-            lines.append(f"| {name} | " + " | ".join(fmt(v) for v in values) + " |")
-        return "\n".join(lines)
+            rows.append([name, *map(fmt, values)])
+        return "\n".join(table_lines(["model", *heads], rows))
 
     def report_sections(self, summary: dict) -> list:
         models = summary["models"]

@@ -20,6 +20,18 @@ def sampling_settings(config: EvalConfig) -> dict:
     }
 
 
+def sampling_text(settings: dict) -> str:
+    """The sampling settings as a report header states them."""
+    return (
+        f"n = {settings['n']}, temperature {settings['temperature']}, top-k {settings['top_k']}, "
+        f"top-p {settings['top_p']}"
+    )
+
+
+def reward_text(settings: dict) -> str:
+    return f"reward model `{settings['reward_model']}`" if settings["reward_model"] else "no reward model"
+
+
 def response_stats(run: ModelRun, keys) -> dict:
     """Mean length and share of responses cut by `max_new_tokens`, over the generation rows `keys`."""
     rows = [run.generations.rows[key] for key in keys]

@@ -33,7 +33,7 @@ from ...data.schemas import DataError
 from .. import metrics
 from ..config import EvaluationError
 from ..prompts import PromptExample, PromptSet, is_local, read_rows
-from ..report import fmt
+from ..report import fmt, table_lines
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import package_version
@@ -334,19 +334,19 @@ class ContinuationTask(EvalTask):
         distinct = [f"distinct-{k}" for k in DISTINCT_ORDERS]
         repetition = [f"rep-{k}" for k in REPETITION_ORDERS]
         header = ["model", f"MAUVE (mean ± std, {n} samples)", "perplexity", *distinct, *repetition]
-        lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        rows = []
 
         def row(name, mauve, ppl, values):
             cells = [name, mauve, ppl] + [fmt(values[f"distinct_{k}"]) for k in DISTINCT_ORDERS]
-            cells += [fmt(values[f"rep_{k}"]) for k in REPETITION_ORDERS]
-            return "| " + " | ".join(cells) + " |"
+            return cells + [fmt(values[f"rep_{k}"]) for k in REPETITION_ORDERS]
 
         for name, model in models.items():
             mauve = f"{model['mauve']['mean']:.2f} ± {model['mauve']['std']:.2f}" if "mauve" in model else "–"
             ppl = fmt(model["perplexity"]["perplexity"]) if "perplexity" in model else "–"
-            lines.append(row(name, mauve, ppl, model["continuation"]))
-        lines.append(row("human continuations", "–", "–", human))
-        sections = [("Continuations (EMO Table 1: MAUVE ×100; distinct-n and rep-n in %)", "\n".join(lines))]
+            rows.append(row(name, mauve, ppl, model["continuation"]))
+        rows.append(row("human continuations", "–", "–", human))
+        table = "\n".join(table_lines(header, rows))
+        sections = [("Continuations (EMO Table 1: MAUVE ×100; distinct-n and rep-n in %)", table)]
         if any("mauve" in m for m in models.values()):
             per_sample = [
                 (f"MAUVE, sample {j}", [m["mauve"]["per_sample"][j] if "mauve" in m else None for m in models.values()])

@@ -17,10 +17,10 @@ import os
 from ...cli_utils import ConfigError
 from ..config import EvaluationError
 from ..prompts import PromptExample, PromptSet, is_local, read_rows
-from ..report import fmt
+from ..report import fmt, table_lines
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import diversity, response_rows, response_stats, sampling_settings
+from .common import diversity, response_rows, response_stats, sampling_settings, sampling_text
 
 POEM_TEMPLATE = "Write a poem titled '{title}' with no more than 200 words"
 STORY_TEMPLATE = "Write a story titled '{title}' with no more than 200 words"
@@ -130,8 +130,8 @@ class CreativeTask(EvalTask):
         prompts = settings["prompts"]
         return (
             f"# {self.title}\n\n{prompts.get('num_prompts')} titles from `{prompts.get('prompts')}` "
-            f"(column `{prompts.get('prompt_column')}`), instruction \"{settings['template']}\", n = {settings['n']}, "
-            f"temperature {settings['temperature']}, top-k {settings['top_k']}, top-p {settings['top_p']}, at most "
+            f"(column `{prompts.get('prompt_column')}`), instruction \"{settings['template']}\", "
+            f"{sampling_text(settings)}, at most "
             f"{settings['max_new_tokens']} new tokens; Sentence-BERT encoder: {settings['embedding_model']}.\n"
         )
 
@@ -139,9 +139,10 @@ class CreativeTask(EvalTask):
         models = summary["models"]
         shown = [(key, label) for key, label in TABLE_2 if any(key in m["diversity"] for m in models.values())]
         # GEM Table 2's layout: one row per model, the three diversities side by side.
-        lines = ["| model | " + " | ".join(label for _, label in shown) + " |", "|---|" + "---:|" * len(shown)]
-        for name, model in models.items():
-            lines.append(f"| {name} | " + " | ".join(fmt(model["diversity"].get(key)) for key, _ in shown) + " |")
+        lines = table_lines(
+            ["model", *(label for _, label in shown)],
+            [[name, *(fmt(model["diversity"].get(key)) for key, _ in shown)] for name, model in models.items()],
+        )
         finer = [
             (label, [m["diversity"].get(key) for m in models.values()]) for key, label in MORE
             if any(key in m["diversity"] for m in models.values())

@@ -9,7 +9,6 @@ benchmark's `check(entry_point)` does.
 from __future__ import annotations
 
 from ..code_execution import humaneval_problem
-from ..prompts import PromptSet, load_prompt_set
 from . import register_task
 from .code import CodeProblem, CodeTask, require_columns
 
@@ -22,12 +21,7 @@ class HumanEvalTask(CodeTask):
     title = "HumanEval: pass@k"
     benchmark = "HumanEval"
     defaults = {**CodeTask.defaults, "prompts": "openai/openai_humaneval"}
-
-    def load_examples(self) -> PromptSet:
-        examples = load_prompt_set(
-            self.config, find_answer_column=lambda rows, columns: None, prompt_columns=("prompt",)
-        )
-        return self.attach_problems(examples)
+    prompt_columns = ("prompt",)
 
     def check_row(self, row: dict, index: int) -> None:
         schema = "openai/openai_humaneval (prompt, test, entry_point)"

@@ -22,7 +22,7 @@ from ..cache import JsonlCache
 from ..config import EvaluationError
 from ..icl_data import BENCHMARKS, HUB, candidate_prompts
 from ..prompts import PromptExample, PromptSet
-from ..report import fmt
+from ..report import fmt, table_lines
 from . import register_task
 from .base import EvalTask, ModelRun
 
@@ -314,11 +314,12 @@ class IclTask(EvalTask):
 
         def table(key: str) -> str:
             header = ["model", *(BENCHMARKS[n].title for n in names), "average"]
-            lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-            for model_name, model in models.items():
-                cells = [fmt(model["icl"][n][key]) if n in model["icl"] else "–" for n in names]
-                lines.append(f"| {model_name} | " + " | ".join(cells) + f" | {fmt(model['average'][key])} |")
-            return "\n".join(lines)
+            rows = [
+                [model_name, *(fmt(model["icl"][n][key]) if n in model["icl"] else "–" for n in names),
+                 fmt(model["average"][key])]
+                for model_name, model in models.items()
+            ]
+            return "\n".join(table_lines(header, rows))
 
         demos = [(BENCHMARKS[n].title, [m["icl"].get(n, {}).get("mean_demonstrations") for m in models.values()])
                  for n in names]

@@ -15,7 +15,7 @@ from .. import ifeval_checkers
 from ..config import EvaluationError
 from ..generation import GREEDY
 from ..prompts import PromptSet, load_prompt_set
-from ..report import fmt
+from ..report import fmt, table_lines
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import package_version, response_rows, response_stats
@@ -130,9 +130,10 @@ class IFEvalTask(EvalTask):
     def report_sections(self, summary: dict) -> list:
         models = summary["models"]
         # Table 1's layout: one row per model, the four accuracies side by side.
-        lines = ["| model | " + " | ".join(label for _, label in TABLE_1) + " |", "|---|" + "---:|" * len(TABLE_1)]
-        for name, model in models.items():
-            lines.append(f"| {name} | " + " | ".join(fmt(model["ifeval"][key]) for key, _ in TABLE_1) + " |")
+        lines = table_lines(
+            ["model", *(label for _, label in TABLE_1)],
+            [[name, *(fmt(model["ifeval"][key]) for key, _ in TABLE_1)] for name, model in models.items()],
+        )
         groups = sorted({g for m in models.values() for g in m["ifeval"]["strict_by_group"]})
         by_group = [(g, [m["ifeval"]["strict_by_group"].get(g) for m in models.values()]) for g in groups]
         return [

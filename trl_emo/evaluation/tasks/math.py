@@ -21,7 +21,10 @@ from ..math_answers import Equivalence, cluster_answers, extract_math_answer, im
 from ..prompts import PROMPT_COLUMNS, PromptSet, load_prompt_set
 from . import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
-from .common import diversity, diversity_rows, package_version, response_rows, response_stats, sampling_settings
+from .common import (
+    diversity, diversity_rows, package_version, response_rows, response_stats, reward_text, sampling_settings,
+    sampling_text,
+)
 
 # Part of the verdict cache's settings: bump when extraction or clustering changes.
 ANSWER_RULES = "boxed-else-last-line/v1"
@@ -150,11 +153,9 @@ class MathTask(EvalTask):
     def header(self, summary: dict) -> str:
         settings = summary["settings"]
         prompts = settings["prompts"]
-        reward = f"reward model `{settings['reward_model']}`" if settings["reward_model"] else "no reward model"
         return (
             f"# {self.title}\n\n{prompts.get('num_prompts')} problems from `{prompts.get('prompts')}`, "
-            f"n = {settings['n']}, temperature {settings['temperature']}, top-k {settings['top_k']}, "
-            f"top-p {settings['top_p']}, {reward}; answers from `\\boxed{{}}` (else the last line), "
+            f"{sampling_text(settings)}, {reward_text(settings)}; answers from `\\boxed{{}}` (else the last line), "
             f"equivalence by {settings['equivalence']}.\n"
         )
 

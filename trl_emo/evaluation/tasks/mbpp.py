@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from ..code_execution import mbpp_problem
 from ..config import EvaluationError
-from ..prompts import PromptSet, load_prompt_set
 from . import register_task
 from .code import CodeProblem, CodeTask
 
@@ -25,12 +24,7 @@ class MBPPTask(CodeTask):
     title = "MBPP: pass@k"
     benchmark = "MBPP"
     defaults = {**CodeTask.defaults, "prompts": "evalplus/mbppplus"}
-
-    def load_examples(self) -> PromptSet:
-        examples = load_prompt_set(
-            self.config, find_answer_column=lambda rows, columns: None, prompt_columns=("text", "prompt")
-        )
-        return self.attach_problems(examples)
+    prompt_columns = ("text", "prompt")
 
     def check_row(self, row: dict, index: int) -> None:
         tests = row.get("test_list")
