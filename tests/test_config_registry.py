@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -124,3 +125,48 @@ def test_bf16_default_follows_the_hardware(tmp_path):
     args = SFTConfig(output_dir=str(tmp_path), report_to="none")
     assert args.bf16 is torch.cuda.is_available()
     assert SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True).bf16 is True  # TRL's default kept
+
+
+def test_installed_plugins_register_through_their_entry_points(tmp_path, monkeypatch):
+    """A package's entry point in `trl_emo.losses` / `trl_emo.evaluation_tasks` is imported once, on first lookup."""
+    import importlib.metadata
+
+    from trl_emo import plugins
+    from trl_emo.evaluation.tasks import task_names
+
+    (tmp_path / "third_party_plugin.py").write_text(
+        "import torch\n"
+        "from trl_emo.losses import register_loss\n"
+        "from trl_emo.evaluation.tasks import EvalTask, register_task\n"
+        "IMPORTS = globals().get('IMPORTS', 0) + 1\n"
+        "register_loss('plugin_nll', lambda z, y: torch.nn.functional.cross_entropy(z, y, reduction='none'))\n"
+        "@register_task\n"
+        "class PluginTask(EvalTask):\n"
+        "    name = 'plugin_task'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    groups = {
+        group: [importlib.metadata.EntryPoint(name="plugin", value="third_party_plugin", group=group)]
+        for group in ("trl_emo.losses", "trl_emo.evaluation_tasks")
+    }
+    asked = []
+
+    def entry_points(group):
+        asked.append(group)
+        return groups.get(group, [])
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(plugins, "_LOADED", set())
+    try:
+        assert "plugin_nll" in list_losses() and "plugin_nll" in list_losses()
+        assert "plugin_task" in task_names()
+        assert asked == ["trl_emo.losses", "trl_emo.evaluation_tasks"]
+        import third_party_plugin
+
+        assert third_party_plugin.IMPORTS == 1
+    finally:
+        unregister_loss("plugin_nll")
+        from trl_emo.evaluation import tasks
+
+        tasks._TASKS.pop("plugin_task", None)
+        sys.modules.pop("third_party_plugin", None)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..plugins import load_plugins
+
 # Losses TRL's own SFTTrainer computes: `trl_emo.SFTTrainer` hands these back to TRL untouched.
 TRL_LOSS_TYPES = ("nll", "dft")
 
@@ -89,7 +91,6 @@ class LossSpec:
 
 
 _REGISTRY: dict[str, LossSpec] = {}
-_ENTRY_POINTS_LOADED = False
 
 
 def register_loss(
@@ -164,15 +165,7 @@ def unregister_loss(name: str) -> None:
 
 
 def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    from importlib.metadata import entry_points
-
-    for entry_point in entry_points(group="trl_emo.losses"):
-        # Loading the module is what registers its losses (it calls `register_loss`).
-        entry_point.load()
+    load_plugins("trl_emo.losses")
 
 
 def list_losses(include_trl: bool = True) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 
 from ...cli_utils import ConfigError
+from ...plugins import load_plugins
 from .base import COMMON_FIELDS, EvalTask, GenerationPlan, ModelRun
 
 __all__ = [
@@ -17,7 +18,6 @@ __all__ = [
 ]
 
 _TASKS: dict[str, type[EvalTask]] = {}
-_ENTRY_POINTS_LOADED = False
 
 
 def register_task(cls: type[EvalTask]) -> type[EvalTask]:
@@ -31,14 +31,7 @@ def register_task(cls: type[EvalTask]) -> type[EvalTask]:
 
 
 def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    from importlib.metadata import entry_points
-
-    for entry_point in entry_points(group="trl_emo.evaluation_tasks"):
-        entry_point.load()
+    load_plugins("trl_emo.evaluation_tasks")
 
 
 def task_names() -> list[str]:
