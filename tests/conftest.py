@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -40,6 +41,30 @@ EVAL_TEXTS = [
     "What is 2+2? The answer is 4.",
 ] * 4
 EVAL_TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+def save_eval_policy(output_dir, seed: int = 0) -> str:
+    """A tiny policy of the evaluation tests, saved with its tokenizer."""
+    from trl_emo.tiny import save_tiny_causal_lm
+
+    return save_tiny_causal_lm(EVAL_TEXTS, output_dir=output_dir, vocab_size=300, seed=seed, **EVAL_TINY)
+
+
+def save_eval_reward_model(output_dir) -> str:
+    """A tiny reward model of the evaluation tests (its own tokenizer, a different vocabulary from the policies')."""
+    from trl_emo.tiny import build_tiny_reward_model, train_tokenizer
+
+    tokenizer = train_tokenizer(EVAL_TEXTS[:3], vocab_size=280)
+    build_tiny_reward_model(tokenizer, seed=2, **EVAL_TINY).save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return str(output_dir)
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from trl_emo.evaluation.code_execution import (  # noqa: E402
 )
 from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits  # noqa: E402
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY  # noqa: E402
+from conftest import save_eval_policy, write_jsonl  # noqa: E402
 
 # ---------------------------------------------------------------- pass@k
 
@@ -180,12 +180,7 @@ MBPP_SCRIPT = {
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
-
     root = tmp_path_factory.mktemp("code_assets")
-    policy = save_tiny_causal_lm(TEXTS, output_dir=root / "policy", vocab_size=300, seed=0, **TINY)
-    with open(root / "humaneval.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in PROBLEMS)
     mbpp = [
         {"source_file": "x", "task_id": 2, "prompt": "Write a function to add two numbers.",
          "code": "def add(a, b):\n    return a + b", "test_imports": ["import math"],
@@ -194,9 +189,10 @@ def assets(tmp_path_factory):
          "code": "def square(x):\n    return x * x", "test_imports": [],
          "test_list": ["assert square(3) == 9", "assert square(-2) == 4"]},
     ]
-    with open(root / "mbpp.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in mbpp)
-    return {"root": root, "policy": policy, "humaneval": str(root / "humaneval.jsonl"), "mbpp": str(root / "mbpp.jsonl")}
+    return {
+        "root": root, "policy": save_eval_policy(root / "policy"),
+        "humaneval": write_jsonl(root / "humaneval.jsonl", PROBLEMS), "mbpp": write_jsonl(root / "mbpp.jsonl", mbpp),
+    }
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from trl_emo.evaluation.prompts import load_prompt_set, render_policy_prompt
 from trl_emo.evaluation.scoring import RewardModel
 from trl_emo.tiny import END_OF_TURN, build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,6 @@ def make_config(tmp_path, **overrides):
     values = dict(policies=["p=/nonexistent"], prompts="prompts.jsonl", output_dir=str(tmp_path / "out"), n=4)
     values.update(overrides)
     return EvalConfig(**values)
-
-
-def write_jsonl(path, rows):
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    return str(path)
 
 
 # ---------------------------------------------------------------- config

@@ -13,7 +13,7 @@ import yaml
 from trl_emo.evaluation import generation, metrics
 from trl_emo.evaluation.cli import run
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, require_minilm
+from conftest import require_minilm, save_eval_policy, write_jsonl
 
 TITLES = [{"title": "The Sea"}, {"title": "  "}, {"title": "Autumn  Leaves"}]
 # Per title, n = 3 samples: identical poems for the sea, three different ones for autumn.
@@ -42,13 +42,8 @@ def test_embedding_diversity_is_the_papers_sentence_bert_diversity():
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
-
     root = tmp_path_factory.mktemp("creative_assets")
-    policy = save_tiny_causal_lm(TEXTS, output_dir=root / "policy", vocab_size=300, seed=0, **TINY)
-    with open(root / "titles.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in TITLES)
-    return {"policy": policy, "titles": str(root / "titles.jsonl")}
+    return {"policy": save_eval_policy(root / "policy"), "titles": write_jsonl(root / "titles.jsonl", TITLES)}
 
 
 def test_creative_task_end_to_end_and_resume(assets, tmp_path, monkeypatch, capsys):

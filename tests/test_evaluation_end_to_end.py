@@ -13,9 +13,8 @@ import yaml
 
 from trl_emo.evaluation import generation, scoring
 from trl_emo.evaluation.cli import run
-from trl_emo.tiny import build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, require_minilm
+from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_jsonl
 PROMPTS = [
     {"question": "What is 1+1?", "answer": "1+1=2\n#### 2", "reference": "The answer is 2."},
     {"question": "Write a poem about the sea.", "answer": "#### 0", "reference": "Waves roll in."},
@@ -31,14 +30,10 @@ class Interrupted(Exception):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_assets")
-    ce = save_tiny_causal_lm(TEXTS, output_dir=root / "ce", vocab_size=300, seed=0, **TINY)
-    gem = save_tiny_causal_lm(TEXTS, output_dir=root / "gem", vocab_size=300, seed=1, **TINY)
-    tokenizer = train_tokenizer(TEXTS[:3], vocab_size=280)
-    build_tiny_reward_model(tokenizer, seed=2, **TINY).save_pretrained(root / "rm")
-    tokenizer.save_pretrained(root / "rm")
-    with open(root / "prompts.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in PROMPTS)
-    return {"root": root, "ce": ce, "gem": gem, "rm": str(root / "rm"), "prompts": str(root / "prompts.jsonl")}
+    return {
+        "root": root, "ce": save_eval_policy(root / "ce", seed=0), "gem": save_eval_policy(root / "gem", seed=1),
+        "rm": save_eval_reward_model(root / "rm"), "prompts": write_jsonl(root / "prompts.jsonl", PROMPTS),
+    }
 
 
 def recipe(assets, output_dir, **overrides):

@@ -17,7 +17,7 @@ from trl_emo.evaluation import generation  # noqa: E402
 from trl_emo.evaluation.cli import run  # noqa: E402
 from trl_emo.evaluation.ifeval_checkers import NLTK_DATA_MISSING, accuracies  # noqa: E402
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY  # noqa: E402
+from conftest import save_eval_policy, write_jsonl  # noqa: E402
 
 # google/IFEval's columns; kwargs as the Hub stores them (every key, None when unused) or trimmed.
 ROWS = [
@@ -55,13 +55,8 @@ def punkt_tab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
-
     root = tmp_path_factory.mktemp("ifeval_assets")
-    policy = save_tiny_causal_lm(TEXTS, output_dir=root / "policy", vocab_size=300, seed=0, **TINY)
-    with open(root / "ifeval.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in ROWS)
-    return {"policy": policy, "prompts": str(root / "ifeval.jsonl")}
+    return {"policy": save_eval_policy(root / "policy"), "prompts": write_jsonl(root / "ifeval.jsonl", ROWS)}
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from trl_emo.evaluation.math_answers import (  # noqa: E402
 )
 from trl_emo.evaluation.tasks.bon import gsm8k_answers, gsm8k_equivalence  # noqa: E402
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY  # noqa: E402
+from conftest import save_eval_policy, save_eval_reward_model, write_jsonl  # noqa: E402
 
 # MATH-500's schema (`answer`) and hendrycks_math's (`solution` with a boxed answer) in one local file.
 PROBLEMS = [
@@ -166,16 +166,11 @@ def test_gsm8k_verdicts_changed_by_the_equivalence_on_a_fixture():
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trl_emo.tiny import build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
-
     root = tmp_path_factory.mktemp("math_assets")
-    policy = save_tiny_causal_lm(TEXTS, output_dir=root / "policy", vocab_size=300, seed=0, **TINY)
-    tokenizer = train_tokenizer(TEXTS[:3], vocab_size=280)
-    build_tiny_reward_model(tokenizer, seed=2, **TINY).save_pretrained(root / "rm")
-    tokenizer.save_pretrained(root / "rm")
-    with open(root / "math.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in PROBLEMS)
-    return {"root": root, "policy": policy, "rm": str(root / "rm"), "prompts": str(root / "math.jsonl")}
+    return {
+        "root": root, "policy": save_eval_policy(root / "policy"), "rm": save_eval_reward_model(root / "rm"),
+        "prompts": write_jsonl(root / "math.jsonl", PROBLEMS),
+    }
 
 
 @pytest.fixture
