@@ -60,6 +60,16 @@ def save_eval_reward_model(output_dir) -> str:
     return str(output_dir)
 
 
+def write_eval_recipe(output_dir, values: dict, **overrides) -> str:
+    """An evaluation recipe (`values`, then `overrides`) written beside `output_dir`, as `<output_dir>.yaml`."""
+    import yaml
+
+    path = output_dir.parent / f"{output_dir.name}.yaml"
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**values, **overrides}))
+    return str(path)
+
+
 def write_jsonl(path, rows) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         for row in rows:

@@ -10,7 +10,6 @@ import sys
 from fractions import Fraction
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the code sandbox targets Linux")
 
@@ -21,7 +20,7 @@ from trl_emo.evaluation.code_execution import (  # noqa: E402
 )
 from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits  # noqa: E402
 
-from conftest import save_eval_policy, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, write_eval_recipe, write_jsonl  # noqa: E402
 
 # ---------------------------------------------------------------- pass@k
 
@@ -239,10 +238,7 @@ def code_recipe(assets, output_dir, task="humaneval", **overrides):
         "code_k_values": [1, 2, 4], "code_execution_timeout": 2, "generation_batch_size": 8, "progress": False,
         "device": "cpu", "output_dir": str(output_dir),
     }
-    values.update(overrides)
-    path = output_dir.parent / f"{output_dir.name}.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return str(path)
+    return write_eval_recipe(output_dir, values, **overrides)
 
 
 def test_humaneval_end_to_end_and_resume(assets, tmp_path, scripted_policy, counted_runs, capsys):

@@ -9,12 +9,11 @@ import math
 import sys
 
 import pytest
-import yaml
 
 from trl_emo.evaluation import generation, scoring
 from trl_emo.evaluation.cli import run
 
-from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_jsonl
+from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_eval_recipe, write_jsonl
 PROMPTS = [
     {"question": "What is 1+1?", "answer": "1+1=2\n#### 2", "reference": "The answer is 2."},
     {"question": "Write a poem about the sea.", "answer": "#### 0", "reference": "Waves roll in."},
@@ -52,11 +51,7 @@ def recipe(assets, output_dir, **overrides):
         "device": "cpu",
         "output_dir": str(output_dir),
     }
-    values.update(overrides)
-    path = output_dir.parent / f"{output_dir.name}.yaml"
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(values))
-    return str(path)
+    return write_eval_recipe(output_dir, values, **overrides)
 
 
 class Counter:

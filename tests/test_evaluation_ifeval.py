@@ -8,7 +8,6 @@ import json
 import sys
 
 import pytest
-import yaml
 
 pytest.importorskip("lm_eval", reason="the `ifeval` extra (lm-eval[ifeval]) is not installed")
 nltk = pytest.importorskip("nltk", reason="the `ifeval` extra (lm-eval[ifeval]) is not installed")
@@ -17,7 +16,7 @@ from trl_emo.evaluation import generation  # noqa: E402
 from trl_emo.evaluation.cli import run  # noqa: E402
 from trl_emo.evaluation.ifeval_checkers import NLTK_DATA_MISSING, accuracies  # noqa: E402
 
-from conftest import save_eval_policy, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, write_eval_recipe, write_jsonl  # noqa: E402
 
 # google/IFEval's columns; kwargs as the Hub stores them (every key, None when unused) or trimmed.
 ROWS = [
@@ -80,10 +79,7 @@ def scripted_policy(monkeypatch):
 def ifeval_recipe(assets, output_dir, **overrides):
     values = {"task": "ifeval", "policies": {"ce": assets["policy"], "gem": assets["policy"]},
               "prompts": assets["prompts"], "progress": False, "device": "cpu", "output_dir": str(output_dir)}
-    values.update(overrides)
-    path = output_dir.parent / f"{output_dir.name}.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return str(path)
+    return write_eval_recipe(output_dir, values, **overrides)
 
 
 def test_table_1_numbers_by_hand():

@@ -8,7 +8,6 @@ import itertools
 import json
 
 import pytest
-import yaml
 
 pytest.importorskip("math_verify", reason="the `math` extra (math-verify) is not installed")
 
@@ -19,7 +18,7 @@ from trl_emo.evaluation.math_answers import (  # noqa: E402
 )
 from trl_emo.evaluation.tasks.bon import gsm8k_answers, gsm8k_equivalence  # noqa: E402
 
-from conftest import save_eval_policy, save_eval_reward_model, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, save_eval_reward_model, write_eval_recipe, write_jsonl  # noqa: E402
 
 # MATH-500's schema (`answer`) and hendrycks_math's (`solution` with a boxed answer) in one local file.
 PROBLEMS = [
@@ -202,10 +201,7 @@ def math_recipe(assets, output_dir, **overrides):
         "prompts": assets["prompts"], "n": 4, "math_k_values": [1, 2, 4], "generation_batch_size": 8,
         "embedding_diversity": False, "progress": False, "device": "cpu", "output_dir": str(output_dir),
     }
-    values.update(overrides)
-    path = output_dir.parent / f"{output_dir.name}.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return str(path)
+    return write_eval_recipe(output_dir, values, **overrides)
 
 
 def test_math_task_end_to_end_and_resume(assets, tmp_path, scripted_policy, monkeypatch, capsys):
