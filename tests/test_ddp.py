@@ -91,3 +91,37 @@ def test_two_process_fsdp2_matches_one_process(single_process):
     assert fsdp["num_processes"] == 2
     assert torch.allclose(torch.tensor(fsdp["losses"]), torch.tensor(reference["losses"]), rtol=1e-5)
     assert torch.allclose(torch.tensor(fsdp["cross_entropy"]), torch.tensor(reference["cross_entropy"]), rtol=1e-5)
+
+
+def test_end_of_a_distributed_command_keeps_its_last_barrier(tmp_path):
+    """`end_run`'s barrier handle outlives `main`: a gloo worker thread that dropped the last reference to it (or to
+    a collective it waited on) would free tensors at interpreter shutdown and abort the process (see `end_run`)."""
+    script = tmp_path / "end.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from types import SimpleNamespace\n"
+        "from trl_emo import run_config\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
+        "dist.all_gather([torch.zeros(3)], torch.ones(3))\n"
+        "calls = []\n"
+        "accelerator = SimpleNamespace(wait_for_everyone=lambda: calls.append('wait'),\n"
+        "                              end_training=lambda: (calls.append('end'), dist.destroy_process_group()))\n"
+        "run_config.end_run(SimpleNamespace(accelerator=accelerator))\n"
+        "assert calls == ['end'], calls\n"
+        "assert len(run_config._FINAL_BARRIERS) == 1 and run_config._FINAL_BARRIERS[0].is_completed()\n"
+        "assert not dist.is_initialized()\n"
+        "print('ok')\n" % free_port()
+    )
+    result = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", launch_failure(result)
+
+
+def test_end_of_a_one_process_command_waits_through_accelerate():
+    from types import SimpleNamespace
+
+    from trl_emo import run_config
+
+    calls = []
+    accelerator = SimpleNamespace(wait_for_everyone=lambda: calls.append("wait"), end_training=lambda: calls.append("end"))
+    run_config.end_run(SimpleNamespace(accelerator=accelerator))
+    assert calls == ["wait", "end"]

@@ -40,7 +40,7 @@ def main(args: CommandLine) -> int:
     from .data import DataError
     from .dry_run import print_dpo_dry_run
     from .noise import quiet_optional_packages, release_for
-    from .run_config import resolve_dpo_run
+    from .run_config import end_run, resolve_dpo_run
     from .sources import SourceError
 
     check_parsed(args, NAME)
@@ -68,8 +68,7 @@ def main(args: CommandLine) -> int:
     trainer.train(resume_from_checkpoint=dpo_run.training_args.resume_from_checkpoint)
     trainer.save_model(dpo_run.training_args.output_dir)
     trainer.accelerator.print(f"{NAME}: model saved to {dpo_run.training_args.output_dir} (started from {dpo_run.policy}).")
-    if hasattr(trainer, "end"):
-        trainer.end()
+    end_run(trainer)
     return 0
 
 

@@ -43,7 +43,7 @@ def main(args: CommandLine) -> int:
     from .data import DataError
     from .dry_run import print_sft_dry_run
     from .noise import quiet_optional_packages, release_for
-    from .run_config import resolve_sft_run, save_outputs
+    from .run_config import end_run, resolve_sft_run, save_outputs
 
     check_parsed(args, NAME)
     quiet_optional_packages()
@@ -74,8 +74,7 @@ def main(args: CommandLine) -> int:
     trainer.accelerator.print(f"{NAME}: model saved to {sft_run.training_args.output_dir} (loss_type={sft_run.training_args.loss_type}).")
     if sft_run.training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=sft_run.script_args.dataset_name)
-    if hasattr(trainer, "end"):
-        trainer.end()
+    end_run(trainer)
     return 0
 
 

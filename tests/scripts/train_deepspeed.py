@@ -134,7 +134,11 @@ def main(model_dir, out_path, runs, per_device_batch):
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(results, out_path)
     if torch.distributed.is_initialized():
-        # Without it a rank can abort at exit ("terminate called without an active exception").
+        # As trl_emo.run_config.end_run ends the commands: without it a rank can abort at exit ("terminate called
+        # without an active exception").
+        from trl_emo.run_config import final_barrier
+
+        final_barrier()
         torch.distributed.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_emo import SFTConfig, SFTTrainer
+    from trl_emo.run_config import end_run
 
     rows = [{"prompt": f"what is {i} plus {i % 7}?", "completion": f" The answer is {i + i % 7}."} for i in range(32)]
     args = SFTConfig(
@@ -52,6 +53,8 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps):
         }
         with open(out_path, "w") as handle:
             json.dump(payload, handle)
+    # As the commands end: a rank that exits right after its last collective can abort (see end_run).
+    end_run(trainer)
 
 
 if __name__ == "__main__":
