@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 
@@ -67,13 +66,6 @@ def write_eval_recipe(output_dir, values: dict, **overrides) -> str:
     path = output_dir.parent / f"{output_dir.name}.yaml"
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({**values, **overrides}))
-    return str(path)
-
-
-def write_jsonl(path, rows) -> str:
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
     return str(path)
 
 

@@ -139,10 +139,16 @@ def fixture_rows(schema: str, n_rows: int = 8, split: str = "train") -> list[dic
     return rows
 
 
+def write_jsonl(path, rows) -> str:
+    """`rows` as JSON Lines at `path`; the path as a string, as the commands take it."""
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return str(path)
+
+
 def _write_rows(rows: list[dict], path: Path, fmt: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        write_jsonl(path, rows)
     elif fmt == "json":  # a JSON list, like the EMO paper's copy of Alpaca-GPT4
         path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     elif fmt in ("parquet", "csv"):

@@ -5,7 +5,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest
 from datasets import Dataset
 
-from data_fixtures import FIXTURE_SCHEMAS, fixture_rows
+from data_fixtures import FIXTURE_SCHEMAS, fixture_rows, write_jsonl
 from trl_emo.data import SCHEMA_NAMES, SCHEMAS, DataArguments, DataError, detect_schema, validate_columns
 from trl_emo.data.schemas import get_schema
 
@@ -125,7 +125,6 @@ def test_data_arguments_parse_with_trl_parser(tmp_path):
 def test_an_instruction_schema_is_one_declaration(tmp_path):
     """A new instruction-style dataset (Dolly's columns) needs its `Schema` entry and nothing else: detection,
     validation, both prompt formats and the dry run's formatting follow from the declaration."""
-    import json
     from types import SimpleNamespace
 
     from trl_emo.data import Column, Schema, load_sft_datasets, register_schema, unregister_schema
@@ -145,8 +144,7 @@ def test_an_instruction_schema_is_one_declaration(tmp_path):
     try:
         rows = [{"instruction": "Name a colour.", "context": "", "response": "Red.", "category": "open_qa"},
                 {"instruction": "Summarize.", "context": "Cats sleep a lot.", "response": "Cats nap.", "category": "summ"}]
-        path = tmp_path / "dolly.jsonl"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        path = write_jsonl(tmp_path / "dolly.jsonl", rows)
         assert detect_schema(features_of(rows)) == "dolly"  # `auto` finds it from its declared columns
         DataArguments(dataset_schema="dolly")
         script = SimpleNamespace(dataset_name=str(path), dataset_config=None, dataset_train_split="train",

@@ -20,7 +20,8 @@ from trl_emo.evaluation.code_execution import (  # noqa: E402
 )
 from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits  # noqa: E402
 
-from conftest import save_eval_policy, write_eval_recipe, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, write_eval_recipe  # noqa: E402
+from data_fixtures import write_jsonl  # noqa: E402
 
 # ---------------------------------------------------------------- pass@k
 

@@ -19,7 +19,8 @@ from trl_emo.evaluation.prompts import load_prompt_set, render_policy_prompt
 from trl_emo.evaluation.scoring import RewardModel
 from trl_emo.tiny import END_OF_TURN, build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
-from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY, write_jsonl
+from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
+from data_fixtures import write_jsonl
 
 
 @pytest.fixture(scope="module")

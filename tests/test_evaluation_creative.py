@@ -13,7 +13,8 @@ import yaml
 from trl_emo.evaluation import generation, metrics
 from trl_emo.evaluation.cli import run
 
-from conftest import require_minilm, save_eval_policy, write_jsonl
+from conftest import require_minilm, save_eval_policy
+from data_fixtures import write_jsonl
 
 TITLES = [{"title": "The Sea"}, {"title": "  "}, {"title": "Autumn  Leaves"}]
 # Per title, n = 3 samples: identical poems for the sea, three different ones for autumn.

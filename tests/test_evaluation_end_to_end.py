@@ -13,7 +13,8 @@ import pytest
 from trl_emo.evaluation import generation, scoring
 from trl_emo.evaluation.cli import run
 
-from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_eval_recipe, write_jsonl
+from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_eval_recipe
+from data_fixtures import write_jsonl
 PROMPTS = [
     {"question": "What is 1+1?", "answer": "1+1=2\n#### 2", "reference": "The answer is 2."},
     {"question": "Write a poem about the sea.", "answer": "#### 0", "reference": "Waves roll in."},

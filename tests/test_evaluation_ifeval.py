@@ -16,7 +16,8 @@ from trl_emo.evaluation import generation  # noqa: E402
 from trl_emo.evaluation.cli import run  # noqa: E402
 from trl_emo.evaluation.ifeval_checkers import NLTK_DATA_MISSING, accuracies  # noqa: E402
 
-from conftest import save_eval_policy, write_eval_recipe, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, write_eval_recipe  # noqa: E402
+from data_fixtures import write_jsonl  # noqa: E402
 
 # google/IFEval's columns; kwargs as the Hub stores them (every key, None when unused) or trimmed.
 ROWS = [

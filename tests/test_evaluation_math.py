@@ -18,7 +18,8 @@ from trl_emo.evaluation.math_answers import (  # noqa: E402
 )
 from trl_emo.evaluation.tasks.bon import gsm8k_answers, gsm8k_equivalence  # noqa: E402
 
-from conftest import save_eval_policy, save_eval_reward_model, write_eval_recipe, write_jsonl  # noqa: E402
+from conftest import save_eval_policy, save_eval_reward_model, write_eval_recipe  # noqa: E402
+from data_fixtures import write_jsonl  # noqa: E402
 
 # MATH-500's schema (`answer`) and hendrycks_math's (`solution` with a boxed answer) in one local file.
 PROBLEMS = [
