@@ -20,12 +20,19 @@ float32, computed by the caller as a float32 dot product: a half-precision `z_y`
 rounding straight into every loss value (`ℓ = lse - z_y` for cross-entropy), while the rounding of
 the other logits averages out over the vocabulary.
 
+A launcher passes `**launch.meta("<kernel name>")`: the flags, and the `BLOCK` and `num_warps` that
+`LAUNCH_CONFIGS` holds for that kernel on the GPU's compute capability (a third-party kernel adds its
+own with `register_launch_config`, or takes `"default"`). `python -m trl_emo.losses.aot_compile`
+compiles every registered loss's kernels for sm_80/86/89/90 without a GPU and reports ptxas's
+registers and spills (`aot_compile.py`).
+
 Without Triton this module still imports: `HAS_TRITON` is False, `triton.jit` leaves functions
 undecorated, and the fused path never selects a row kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -180,11 +187,73 @@ def store_stats(STATS, stats_stride, row, value, nll, entropy, top1):
 
 # -- launching ---------------------------------------------------------------------------------
 
-# Columns per block: large blocks mean few loop iterations; past ~16k the per-thread register
-# use of the heavier kernels (EMO, GEM-logsigmoid keep ~6 live float32 blocks) starts to spill.
+# The largest block any launch uses (tests lower it to force multi-block rows on small vocabularies).
 _MAX_BLOCK = 16384
 # The interpreter runs a block as one numpy operation: larger is faster there.
 _MAX_BLOCK_INTERPRETED = 65536
+
+# (BLOCK, num_warps) of each row kernel per compute capability (major * 10 + minor). Chosen without a
+# GPU by `benchmarks/kernel_resources.py --sweep`, and proven by `tests/test_kernel_compile.py`, which
+# compiles every kernel for sm_80/86/89/90 and fails on any ptxas spill. The rule: among BLOCK
+# 2,048-16,384 and 4/8/16 warps with 16 to 32 columns per thread (at least two 16-byte loads in flight
+# per thread per block, a 128k row in at most 64 blocks per pass; past 32, one block alone takes most of
+# a thread's registers), drop those where any variant of the kernel (its switches, bias, soft-cap,
+# gradient, bf16/fp16) spills on that target; take the one with the most programs resident per SM in
+# the kernel's worst variant (rows in flight hide each program's load latency and block reductions);
+# then the larger BLOCK. 2,048 x 4 won for every kernel and target: 40-94 registers, 5-9 programs per
+# SM. The previous 16,384 x 16 (8,192 x 16 for GEM-logsigmoid, EMO, ASFT) allowed 1-2 and spilled
+# 12-24 bytes per thread on sm_80/86/89 (docs/benchmarks.md, "Row kernels on real GPUs").
+# A capability not listed takes the closest lower one listed (later GPUs keep 64K registers per SM);
+# only the listed ones are proven spill-free. "default" and "heavy" serve unnamed (third-party) kernels.
+LAUNCH_CONFIGS: dict[str, dict[int, tuple[int, int]]] = {
+    "default":        {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "heavy":          {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "nll":            {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "gem":            {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "gem_logsigmoid": {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "emo":            {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "tailr":          {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "mixce":          {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "ce_entropy":     {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "eaft":           {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "asft":           {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+}
+
+
+def register_launch_config(kernel: str, configs: dict[int, tuple[int, int]]) -> None:
+    """Give a (third-party) row kernel its own `(BLOCK, num_warps)` per compute capability.
+
+    Its launcher then asks for it by name, `launch.meta("my_kernel")`; capabilities left out take
+    the closest lower one listed, as the built-in kernels do.
+    """
+    if not isinstance(kernel, str) or not kernel:
+        raise ValueError(f"A launch configuration needs a kernel name, got {kernel!r}.")
+    checked = {}
+    for capability, config in configs.items():
+        block, warps = config
+        if not (isinstance(capability, int) and capability >= 70):
+            raise ValueError(f"Compute capabilities are written major * 10 + minor (e.g. 86), got {capability!r}.")
+        for what, value in (("BLOCK", block), ("num_warps", warps)):
+            if not (isinstance(value, int) and value > 0 and value & (value - 1) == 0):
+                raise ValueError(f"{what} of {kernel!r} for capability {capability} must be a power of two, got {value!r}.")
+        checked[capability] = (block, warps)
+    if not checked:
+        raise ValueError(f"No launch configuration given for {kernel!r}.")
+    LAUNCH_CONFIGS[kernel] = checked
+
+
+def launch_config(kernel: str, capability: int) -> tuple[int, int]:
+    """`(BLOCK, num_warps)` of `kernel` (a `LAUNCH_CONFIGS` name; unknown names take `"default"`) on a GPU
+    of `capability`: its own entry, else the closest lower capability listed, else the lowest."""
+    table = LAUNCH_CONFIGS.get(kernel) or LAUNCH_CONFIGS["default"]
+    lower = [c for c in table if c <= capability]
+    return table[max(lower) if lower else min(table)]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_capability(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return 10 * major + minor
 
 
 @dataclass
@@ -201,6 +270,8 @@ class RowLaunch:
     softcap: float | None
     write_grad: bool
     scratch: torch.Tensor | None = None  # the loss's extra [rows, V] buffer (`LossSpec.scratch_rows`)
+    # The compute capability to configure for instead of the tensors' GPU (ahead-of-time compiles).
+    target: int | None = None
 
     @property
     def rows(self) -> int:
@@ -235,15 +306,30 @@ class RowLaunch:
             float(self.softcap) if self.softcap is not None else 1.0,
         )
 
-    def meta(self, heavy: bool = False) -> dict:
-        cap = _MAX_BLOCK_INTERPRETED if interpreting() else (_MAX_BLOCK // 2 if heavy else _MAX_BLOCK)
-        block = min(cap, triton.next_power_of_2(self.vocab))
+    @property
+    def capability(self) -> int | None:
+        """The compute capability the kernel is built for: `target` when set, else the logits' GPU's."""
+        if self.target is not None:
+            return self.target
+        if self.z.is_cuda:
+            return _device_capability(self.z.device.index if self.z.device.index is not None else torch.cuda.current_device())
+        return None
+
+    def meta(self, kernel: str | None = None, heavy: bool = False) -> dict:
+        """The constexprs and launch options every row kernel takes, for the row kernel named `kernel`
+        (a `LAUNCH_CONFIGS` entry; `heavy` picks `"heavy"` for an unnamed kernel with many live blocks)."""
         meta = {
             "HAS_BIAS": self.bias is not None,
             "HAS_SOFTCAP": self.softcap is not None,
             "WRITE_GRAD": self.write_grad,
-            "BLOCK": block,
         }
-        if not interpreting():
-            meta["num_warps"] = 16 if block >= 8192 else 8
+        capability = self.capability
+        if capability is None and interpreting():
+            # The interpreter ignores warps; one large block is one numpy operation.
+            meta["BLOCK"] = min(_MAX_BLOCK_INTERPRETED, triton.next_power_of_2(self.vocab))
+            return meta
+        block, warps = launch_config(kernel or ("heavy" if heavy else "default"), capability or 80)
+        meta["BLOCK"] = min(block, _MAX_BLOCK, triton.next_power_of_2(self.vocab))
+        # A block cut short by a small vocabulary keeps at least 8 columns per thread (one 16-byte load).
+        meta["num_warps"] = max(1, min(warps, meta["BLOCK"] // 256))
         return meta

@@ -187,7 +187,7 @@ def rows(launch: RowLaunch, alpha, reference=None):
         float(reference.softcap) if has_ref and reference.softcap is not None else 1.0,
         HAS_REF=has_ref,
         HAS_REF_SOFTCAP=has_ref and reference.softcap is not None,
-        **launch.meta(heavy=True),
+        **launch.meta("asft"),
     )
 
 

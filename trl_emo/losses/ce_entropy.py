@@ -54,7 +54,7 @@ def _rows(
 
 
 def rows(launch: RowLaunch, coef):
-    _rows[(launch.rows,)](*launch.args(), float(coef), **launch.meta())
+    _rows[(launch.rows,)](*launch.args(), float(coef), **launch.meta("ce_entropy"))
 
 
 LOSS = LossSpec(

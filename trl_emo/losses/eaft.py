@@ -118,7 +118,7 @@ def rows(launch: RowLaunch, alpha, entropy, topk):
     is_topk = entropy == "topk"
     w = _topk_weights(launch, alpha, topk) if is_topk else launch.stats
     _rows[(launch.rows,)](
-        *launch.args(), w, float(alpha), 1.0 / math.log(launch.vocab), TOPK=is_topk, **launch.meta()
+        *launch.args(), w, float(alpha), 1.0 / math.log(launch.vocab), TOPK=is_topk, **launch.meta("eaft")
     )
 
 

@@ -173,7 +173,7 @@ def rows(launch: RowLaunch, cost_embedding, weighting, demd, ratio_cap):
             WEIGHTING=WEIGHTINGS.index(weighting),
             DEMD_REFERENCE=demd == "reference",
             HAS_CAP=ratio_cap is not None,
-            **part.meta(heavy=True),
+            **part.meta("emo"),
         )
 
 

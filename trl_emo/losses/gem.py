@@ -115,8 +115,9 @@ def _rows(
 
 
 def rows(launch: RowLaunch, beta, h):
+    kernel = "gem_logsigmoid" if h == "logsigmoid" else "gem"  # its own launch configuration
     _rows[(launch.rows,)](
-        *launch.args(), 1.0 / float(beta), LOGSIGMOID_SLOPE, LOGSIGMOID=h == "logsigmoid", **launch.meta(heavy=h == "logsigmoid")
+        *launch.args(), 1.0 / float(beta), LOGSIGMOID_SLOPE, LOGSIGMOID=h == "logsigmoid", **launch.meta(kernel)
     )
 
 

@@ -38,7 +38,7 @@ def _rows(
 
 
 def rows(launch: RowLaunch, gamma):
-    _rows[(launch.rows,)](*launch.args(), float(gamma), **launch.meta())
+    _rows[(launch.rows,)](*launch.args(), float(gamma), **launch.meta("mixce"))
 
 
 LOSS = LossSpec(

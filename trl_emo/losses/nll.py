@@ -36,7 +36,7 @@ def _rows(
 
 
 def rows(launch: RowLaunch):
-    _rows[(launch.rows,)](*launch.args(), **launch.meta())
+    _rows[(launch.rows,)](*launch.args(), **launch.meta("nll"))
 
 
 LOSS = LossSpec(name="nll", per_token=per_token, chunk_kernel=chunk, row_kernel=rows, description="cross-entropy")

@@ -79,7 +79,7 @@ def rows(launch: RowLaunch, gamma, min_weight, formula):
         float(floor) if floor is not None else 0.0,
         HAS_FLOOR=floor is not None,
         AUTHORS=formula == "authors",
-        **launch.meta(),
+        **launch.meta("tailr"),
     )
 
 
