@@ -2,9 +2,12 @@
 
 A HumanEval-like job (a solution, a `check(candidate)` with a few asserts) is checked `--programs` times:
 - `bare`: `python -c` in a subprocess, nothing else (the floor: interpreter start-up);
-- `sandbox`: the sandbox without Landlock or a network namespace (limits, empty directory and
-  environment, output capture, group kill and /proc sweep, verdict harness);
-- `+landlock`, `+landlock+netns`: with the confinement layers this machine supports.
+- `sandbox`: the sandbox without any confinement layer (limits, empty directory and environment, output
+  capture, group kill and /proc sweep, verdict harness);
+- `+drop`, `+landlock`, `+landlock+netns`, `+landlock+netns+drop`, `+landlock+netns+drop+bwrap`: with the
+  confinement layers this machine supports (the privilege drop and bubblewrap need root). As root,
+  `+landlock+netns` is what ran before the privilege drop existed; the last line gives the cost of the drop
+  (and of bubblewrap) as a ratio to it.
 Each at 1 worker and at `--workers` (default: the CPU count).
 
     python benchmarks/sandbox_bench.py                   # 200 programs per row
@@ -44,8 +47,12 @@ def time_bare(programs: int, workers: int) -> float:
     return time.perf_counter() - start
 
 
-def time_sandbox(programs: int, workers: int, landlock: bool, network: bool) -> float:
-    sandbox = Sandbox(SandboxLimits(timeout=30), workers=workers, landlock=landlock, network=network)
+def time_sandbox(programs: int, workers: int, landlock: bool, network: bool, drop: bool, bwrap: bool) -> float:
+    # Our own trusted program: running it without a layer is accepted here.
+    sandbox = Sandbox(
+        SandboxLimits(timeout=30), workers=workers, landlock=landlock, network=network, drop_privileges=drop,
+        bubblewrap=bwrap, allow_unconfined=True,
+    )
     jobs = [CodeJob(SOLUTION, SETUP, "check(add)\n")] * programs
     start = time.perf_counter()
     verdicts = [verdict for _, verdict in run_checks(sandbox, jobs)]
@@ -61,26 +68,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     args = parser.parse_args(argv)
     layers = confinement()
-    variants = [("bare", None, None), ("sandbox", False, False)]
+    variants = [("bare", None, None, None, None), ("sandbox", False, False, False, False)]
+    if layers["drop"]:
+        variants.append(("+drop", False, False, True, False))
     if layers["landlock"]:
-        variants.append(("+landlock", True, False))
+        variants.append(("+landlock", True, False, False, False))
     if layers["landlock"] and layers["network"]:
-        variants.append(("+landlock+netns", True, True))
+        variants.append(("+landlock+netns", True, True, False, False))
+        if layers["drop"]:
+            variants.append(("+landlock+netns+drop", True, True, True, False))
+        if layers["bubblewrap"]:
+            variants.append(("+landlock+netns+drop+bwrap", True, True, True, True))
     results = []
     for workers in sorted({1, args.workers}):
-        for name, landlock, network in variants:
+        for name, landlock, network, drop, bwrap in variants:
             if name == "bare":
                 seconds = time_bare(args.programs, workers)
             else:
-                seconds = time_sandbox(args.programs, workers, landlock, network)
+                seconds = time_sandbox(args.programs, workers, landlock, network, drop, bwrap)
             results.append({"variant": name, "workers": workers, "programs": args.programs, "seconds": seconds})
     print(f"{args.programs} programs per row, {os.cpu_count()} CPUs, Landlock ABI {layers['landlock']}, "
-          f"network namespace {'yes' if layers['network'] else 'no'}\n")
+          f"network namespace {'yes' if layers['network'] else 'no'}, privilege drop "
+          f"{'yes' if layers['drop'] else 'no'}, bubblewrap {'yes' if layers['bubblewrap'] else 'no'}\n")
     print("| variant | workers | programs/s | ms per program (per worker) |")
     print("|---|---:|---:|---:|")
     for row in results:
         rate = row["programs"] / row["seconds"]
         print(f"| {row['variant']} | {row['workers']} | {rate:.1f} | {1000 * row['workers'] / rate:.1f} |")
+    seconds = {(row["variant"], row["workers"]): row["seconds"] for row in results}
+    for variant in ("+landlock+netns+drop", "+landlock+netns+drop+bwrap"):
+        ratios = [f"{seconds[variant, w] / seconds['+landlock+netns', w]:.2f} at {w} worker(s)"
+                  for w in sorted({1, args.workers}) if (variant, w) in seconds]
+        if ratios:
+            print(f"\n{variant} / +landlock+netns (time per program): {', '.join(ratios)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"confinement": layers, "results": results}, indent=2))
     return 0

@@ -51,35 +51,62 @@ def single_process(tmp_path_factory):
     model_dir = save_tiny_causal_lm(CORPUS, output_dir=root / "model", vocab_size=320, hidden_size=32, intermediate_size=64)
     cache = {}
 
-    def run(loss_type):
-        if loss_type not in cache:
-            out = root / f"single-{loss_type}.json"
-            result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, "4", "3"],
+    def run(loss_type, max_steps=3, extra=None):
+        key = (loss_type, max_steps, json.dumps(extra))
+        if key not in cache:
+            out = root / f"single-{loss_type}-{len(cache)}.json"
+            result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, "4", str(max_steps),
+                                     *([json.dumps(extra)] if extra else [])],
                                     env=_env(), capture_output=True, text=True, timeout=300)
             assert result.returncode == 0, launch_failure(result)
-            cache[loss_type] = json.loads(out.read_text())
-        return cache[loss_type]
+            cache[key] = json.loads(out.read_text())
+        return cache[key]
 
     return model_dir, root, run
 
 
-def _launch(launcher_args, model_dir, out, loss_type):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher_args, str(SCRIPT), model_dir, str(out), loss_type, "2", "3"]
+def _launch(launcher_args, model_dir, out, loss_type, max_steps=3, extra=None):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher_args, str(SCRIPT), model_dir, str(out), loss_type,
+           "2", str(max_steps), *([json.dumps(extra)] if extra else [])]
     result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, launch_failure(result)
     return json.loads(out.read_text())
 
 
+# Micro-batches of uneven token counts, 2 accumulated per step, logs every 2 steps, and an evaluation whose last batch
+# is partial (7 rows): the cases where a mean of per-batch means drifts from the Trainer's `loss` and `eval_loss`.
+UNEVEN_ACCUMULATED = {
+    "uneven": True,
+    "eval_rows": 7,
+    "config": {"gradient_accumulation_steps": 2, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 2,
+               "per_device_eval_batch_size": 2},
+}
+STEP_METRICS = ("loss", "objective", "cross_entropy", "entropy", "mean_token_accuracy", "emo_distance")
+
+
 def test_two_process_ddp_matches_one_process(single_process):
+    """Same global batch: same losses and weights; and the metrics of each logging window, token means over every
+    micro-batch and process of each step, are those of one process, with `objective` equal to the Trainer's `loss`
+    (and `eval_objective` to `eval_loss`)."""
     model_dir, root, single = single_process
     ddp = _launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                   "--dynamo_backend", "no", "--main_process_port", str(free_port())], model_dir, root / "ddp.json", "emo")
-    reference = single("emo")
+                   "--dynamo_backend", "no", "--main_process_port", str(free_port())], model_dir, root / "ddp.json", "emo",
+                  4, UNEVEN_ACCUMULATED)
+    reference = single("emo", 4, UNEVEN_ACCUMULATED)
     assert ddp["num_processes"] == 2 and reference["num_processes"] == 1
-    assert len(ddp["losses"]) == 3
+    assert len(ddp["losses"]) == 2
     assert torch.allclose(torch.tensor(ddp["losses"]), torch.tensor(reference["losses"]), rtol=1e-5)
-    assert torch.allclose(torch.tensor(ddp["cross_entropy"]), torch.tensor(reference["cross_entropy"]), rtol=1e-5)
     assert torch.allclose(torch.tensor(ddp["weights"]), torch.tensor(reference["weights"]), atol=1e-5)
+    train = [row for row in ddp["log_history"] if "loss" in row]
+    reference_train = [row for row in reference["log_history"] if "loss" in row]
+    for row, ref in zip(train, reference_train, strict=True):
+        assert row["objective"] == pytest.approx(row["loss"], rel=1e-5)
+        for key in STEP_METRICS:
+            assert row[key] == pytest.approx(ref[key], rel=1e-5), (row["step"], key)
+    evaluations = [row for row in ddp["log_history"] if "eval_loss" in row]
+    assert len(evaluations) == 2
+    for row in evaluations:
+        assert row["eval_objective"] == pytest.approx(row["eval_loss"], rel=1e-5)
 
 
 def test_two_process_fsdp2_matches_one_process(single_process):

@@ -330,3 +330,23 @@ def test_code_tasks_refuse_to_execute_without_the_opt_in_and_check_their_data(as
     bad.write_text(json.dumps({"prompt": "def f():\n", "entry_point": "f"}) + "\n")
     assert run(["--recipe", code_recipe(assets, tmp_path / "bad", prompts=str(bad)), "--allow_code_execution", "true"]) == 2
     assert "needs the columns of openai/openai_humaneval" in capsys.readouterr().err
+
+
+def test_code_tasks_refuse_without_landlock_or_privilege_drop_unless_the_risk_is_accepted(
+    assets, tmp_path, scripted_policy, capsys, monkeypatch
+):
+    # A kernel without Landlock and an evaluator that is not root: nothing would keep the programs from its files.
+    from trl_emo.evaluation import sandbox
+
+    monkeypatch.setattr(sandbox, "_CONFINEMENT", {"landlock": 0, "network": False, "drop": False, "bubblewrap": None})
+    monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    output_dir = tmp_path / "unconfined"
+    assert run(["--recipe", code_recipe(assets, output_dir), "--allow_code_execution", "true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--allow_unconfined_code_execution true" in err and "Landlock" in err
+    assert scripted_policy["generate"] == 0 and not (output_dir / "generations").exists()
+    argv = ["--recipe", code_recipe(assets, output_dir), "--allow_code_execution", "true",
+            "--allow_unconfined_code_execution", "true"]
+    assert run(argv) == 0
+    assert "NO filesystem confinement" in capsys.readouterr().err

@@ -223,5 +223,5 @@ def test_clear_errors(assets, tmp_path, capsys, monkeypatch):
     pytest.importorskip("mauve", reason="the `mauve` extra (mauve-text) is not installed")
     # An unreachable featurizer fails before anything is sampled, not after.
     assert run(argv(assets, tmp_path / "e3", "--mauve_featurizer", "nobody/not-a-cached-featurizer")) == 2
-    assert "MAUVE featurizer: 'nobody/not-a-cached-featurizer' could not be loaded" in capsys.readouterr().err
+    assert "mauve_featurizer: 'nobody/not-a-cached-featurizer' is no local folder" in capsys.readouterr().err
     assert not (tmp_path / "e3" / "generations").exists()

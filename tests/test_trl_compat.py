@@ -178,7 +178,7 @@ def test_add_objective_head_router_loss(tokenizer):
     assert theirs.aux_loss is not None and torch.allclose(ours.aux_loss, theirs.aux_loss)
 
 
-# -- loss_inputs, finish_loss, log_metric, count_train_tokens (SFTTrainer.compute_loss) --------------------------------
+# -- loss_inputs, finish_loss, log_metric, count_train_tokens (SFTTrainer.compute_loss); loss_weight, gather_step ------
 
 
 class TwoProcesses:
@@ -200,6 +200,8 @@ def loss_and_metrics(trainer, inputs, num_items_in_batch, two_processes=False):
     try:
         trainer.model.train()
         loss = trainer.compute_loss(trainer.model, dict(inputs), num_items_in_batch=num_items_in_batch)
+        if hasattr(trainer, "_end_optimizer_step"):  # trl_emo logs its metrics once per optimizer step
+            trainer._end_optimizer_step()
     finally:
         trainer.accelerator = real
     metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
@@ -210,8 +212,10 @@ def loss_and_metrics(trainer, inputs, num_items_in_batch, two_processes=False):
 @pytest.mark.parametrize("case", ["attention_mask", "padding_free", "two_processes"])
 def test_compute_loss_bookkeeping(tmp_path, tokenizer, pc_dataset, case):
     """`loss_inputs`, `finish_loss`, `log_metric` and `count_train_tokens` around a loss equal to TRL's nll give TRL's
-    loss and metrics (entropy, token accuracy, tokens seen), with and without an attention mask, and scaled for
-    DDP's gradient averaging."""
+    loss and tokens seen, with and without an attention mask, and scaled for DDP's gradient averaging; `loss_weight`
+    and `gather_step` make the step's `objective` the loss the Trainer logs for it. TRL logs entropy and accuracy as
+    this micro-batch's own means; trl_emo weights them like the loss, over the step's `num_items_in_batch` tokens
+    (here 3 more than this micro-batch's, as if another micro-batch held them)."""
     theirs = trl_trainer(tmp_path / "trl", build_tiny_model(tokenizer, hidden_size=32, intermediate_size=64), tokenizer,
                          pc_dataset)
     ours = our_trainer(tmp_path / "ours", build_tiny_model(tokenizer, hidden_size=32, intermediate_size=64), tokenizer,
@@ -225,9 +229,15 @@ def test_compute_loss_bookkeeping(tmp_path, tokenizer, pc_dataset, case):
     trl_loss, trl_metrics = loss_and_metrics(theirs, inputs, num_items, case == "two_processes")
     our_loss, our_metrics = loss_and_metrics(ours, inputs, num_items, case == "two_processes")
     assert torch.allclose(our_loss, trl_loss, rtol=1e-5)
-    for key in ("entropy", "mean_token_accuracy", "num_tokens"):
-        assert our_metrics[key] == pytest.approx(trl_metrics[key], rel=1e-5), key
+    assert our_metrics["num_tokens"] == trl_metrics["num_tokens"]
+    # What `Trainer._maybe_log_save_evaluate` logs for a step of this one micro-batch: its `training_step` loss.
+    assert our_metrics["objective"] == pytest.approx(float(our_loss), rel=1e-5)
     assert our_metrics["cross_entropy"] == pytest.approx(our_metrics["objective"], rel=1e-5)
+    tokens = int((inputs["labels"][:, 1:] != -100).sum())
+    processes = 2 if case == "two_processes" else 1
+    for key in ("entropy", "mean_token_accuracy"):
+        expected = trl_metrics[key] * tokens / num_items * processes
+        assert our_metrics[key] == pytest.approx(expected, rel=1e-5), key
 
 
 def test_compute_loss_router_loss(tmp_path, tokenizer, pc_dataset):

@@ -20,6 +20,9 @@ Pieces (all mirror TRL 1.16.0):
 - `loss_inputs`, `finish_loss`, `log_metric`, `set_metric`, `count_train_tokens`, `outputs_for_metrics`: the parts of
   TRL's `compute_loss` that trl_emo's `compute_loss` repeats for its own losses
   (`trl/trainer/sft_trainer.py`, `SFTTrainer.compute_loss`).
+- `loss_weight`, `gather_step`, `gather_eval_batch`: how transformers' `Trainer` (5.23, under TRL's `SFTTrainer`)
+  weights each batch in the `loss` and `eval_loss` it logs (`Trainer.training_step`, `_maybe_log_save_evaluate`,
+  `evaluation_loop`), so that trl_emo's metrics are averaged the same way and `objective` equals `loss`.
 - `template_masks_assistant_turns`, `prepare_sft_examples`: how `SFTTrainer.__init__` picks the training
   chat template and the completion-only loss, and `SFTTrainer._prepare_dataset`, called without a trainer
   for `--dry_run` (TRL 1.16 has no public function that prepares a dataset without building a trainer,
@@ -229,6 +232,59 @@ def finish_loss(trainer, loss, aux_loss, num_items_in_batch, mode: str):
         loss = loss + trainer.router_aux_loss_coef * aux_loss / steps
         log_metric(trainer, mode, "aux_loss", trainer.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
     return loss
+
+
+# -- how transformers' Trainer averages the loss it logs (transformers 5.23 `trainer.py`) ------------------------------
+
+
+def loss_weight(trainer, num_items_in_batch, num_positions: int, mode: str, device):
+    """What one unit of a batch's summed per-token loss adds, on this process, to the loss the Trainer logs for it.
+
+    Training (`Trainer.training_step` around our `compute_loss` and `finish_loss`): the sum is divided by
+    `num_items_in_batch` (the target tokens of the whole optimizer step, of every process with
+    `average_tokens_across_devices`) or, without it, by the batch's own positions; multiplied by the number of
+    processes when `num_items_in_batch` counts them all (`finish_loss`); divided by the micro-batches of the step unless
+    the loss is already normalized over them (`loss_is_scaled_for_ga`). `_maybe_log_save_evaluate` sums these over the
+    micro-batches of a step (`tr_loss`), averages over processes and divides by the steps since the last log.
+
+    Evaluation: TRL's `SFTTrainer.prediction_step` passes no `num_items_in_batch`, so a batch's loss is its own token
+    mean. Returned as a 0-d float32 tensor on `device` (no host synchronisation)."""
+    import torch
+
+    tokens = num_positions if num_items_in_batch is None else num_items_in_batch
+    weight = 1.0 / torch.as_tensor(tokens, device=device, dtype=torch.float32).clamp(min=1)
+    if trainer.args.average_tokens_across_devices and num_items_in_batch is not None:
+        weight = weight * (trainer.accelerator.num_processes // trainer.get_tp_size())
+    if mode == "train":
+        scaled_for_ga = getattr(trainer, "loss_is_scaled_for_ga", None)
+        if scaled_for_ga is None:
+            scaled_for_ga = (
+                trainer.model_accepts_loss_kwargs and num_items_in_batch is not None
+            ) or trainer.compute_loss_func is not None
+        if not scaled_for_ga:
+            steps = getattr(trainer, "current_gradient_accumulation_steps", trainer.args.gradient_accumulation_steps)
+            weight = weight / steps
+    return weight
+
+
+def gather_step(trainer, local):
+    """`local` (a vector) of every process, one row each, as `_maybe_log_save_evaluate` gathers `tr_loss` before
+    averaging it over processes. A plain gather: `gather_for_metrics` would cut the rows to the dataset's remainder at
+    the end of the training dataloader (it counts examples, not processes)."""
+    return trainer.accelerator.gather(local[None])
+
+
+def gather_eval_batch(trainer, values, inputs):
+    """`values` (a vector of per-batch values) as `Trainer.evaluation_loop` gathers a batch's loss: repeated once per
+    example slot of the batch (`losses.repeat(batch_size)`, `batch_size` = `args.eval_batch_size`), gathered from every
+    process by `gather_for_metrics`, which drops the padding examples of the last batch. `eval_loss` is the mean of all
+    the rows of an evaluation, so the mean of these rows is `eval_loss`'s counterpart."""
+    batch_size = trainer.args.eval_batch_size
+    if batch_size is None:  # the Trainer then takes the batch's own size
+        from transformers.trainer_pt_utils import find_batch_size
+
+        batch_size = find_batch_size(inputs)
+    return trainer.accelerator.gather_for_metrics(values[None].repeat(batch_size, 1))
 
 
 def log_metric(trainer, mode: str, name: str, value: float) -> None:

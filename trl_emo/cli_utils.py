@@ -189,8 +189,10 @@ def run_command(make_parser, main, argv: Sequence[str] | None = None, error_pref
     """Parse `argv` (default `sys.argv[1:]`) with `make_parser()` and run `main` on the result; the exit status.
 
     The notices of unused optional packages are held back before anything is imported (`trl_emo.noise`). An unusable
-    command line is a one-line error on stderr (status 2); `--help` prints the help (status 0).
+    command line, or a Hub id the command cannot load (`trl_emo.hub_check.HubAccessError`, raised by `main`), is a
+    one-line error on stderr (status 2); `--help` prints the help (status 0).
     """
+    from .hub_check import HubAccessError
     from .noise import quiet_optional_packages
 
     quiet_optional_packages()
@@ -205,7 +207,11 @@ def run_command(make_parser, main, argv: Sequence[str] | None = None, error_pref
         return 2
     except SystemExit as exc:  # --help (0), or an error argparse already printed (2)
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
-    return main(args)
+    try:
+        return main(args)
+    except HubAccessError as exc:  # for every command, `trl-emo demo --model` included
+        print(f"{error_prefix}: error: {exc}" if error_prefix else f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):

@@ -39,6 +39,7 @@ def main(args: CommandLine) -> int:
     """Train with DPO (or, with `--dry_run`, print the final configuration and pairs) from a parsed command line."""
     from .data import DataError
     from .dry_run import print_dpo_dry_run
+    from .hub_check import HubAccessError, hub_errors
     from .noise import quiet_optional_packages, release_for
     from .run_config import end_run, resolve_dpo_run
     from .sources import SourceError
@@ -50,21 +51,27 @@ def main(args: CommandLine) -> int:
         if dpo_run.run_args.dry_run:
             print_dpo_dry_run(dpo_run)
             return 0
-    except (ConfigError, DataError, SourceError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, SourceError, FileNotFoundError, HubAccessError) as exc:
         print(f"{NAME}: error: {exc}", file=sys.stderr)
         return 2
     release_for(dpo_run.model_args, dpo_run.training_args)
 
     from trl import DPOTrainer
 
-    trainer = DPOTrainer(
-        model=dpo_run.policy,
-        args=dpo_run.training_args,
-        train_dataset=dpo_run.train_dataset,
-        eval_dataset=dpo_run.eval_dataset,
-        processing_class=dpo_run.tokenizer,
-        **dpo_run.trainer_kwargs,
-    )
+    try:
+        # A checked Hub model can still fail here (offline, weights not cached although its config is).
+        with hub_errors(dpo_run.hub_sources):
+            trainer = DPOTrainer(
+                model=dpo_run.policy,
+                args=dpo_run.training_args,
+                train_dataset=dpo_run.train_dataset,
+                eval_dataset=dpo_run.eval_dataset,
+                processing_class=dpo_run.tokenizer,
+                **dpo_run.trainer_kwargs,
+            )
+    except HubAccessError as exc:
+        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        return 2
     trainer.train(resume_from_checkpoint=dpo_run.training_args.resume_from_checkpoint)
     trainer.save_model(dpo_run.training_args.output_dir)
     trainer.accelerator.print(f"{NAME}: model saved to {dpo_run.training_args.output_dir} (started from {dpo_run.policy}).")

@@ -10,14 +10,24 @@ of them print a line at import on a machine without a GPU:
   the CPU accelerator. That only matters to a DeepSpeed run.
 
 The commands hold those notices back (`quiet_optional_packages`, before the imports) and let them through
-(`release`) when the run uses the package. Nothing else is filtered: every other record of those loggers, and
-every warning, still reaches the user.
+(`release`) when the run uses the package.
+
+They also drop the deprecation warnings that the libraries raise at each other (`quiet_library_deprecations`):
+transformers 5.23 renamed its `gradient_checkpointing` methods to `activation_checkpointing` and warns on every use of
+the old names, which PEFT 0.21 and TRL 1.16 still call themselves (`PeftModel.__init__` reads
+`is_gradient_checkpointing`; TRL's DPO trainer toggles `gradient_checkpointing_disable`/`_enable` around its reference
+forward), so each SFT or DPO run on a PEFT model printed `FutureWarning`s the user cannot act on. Only a warning whose
+deprecated method was called from one of those libraries is dropped: the same warning from the user's own call still
+shows. Nothing else is filtered: every other record of those loggers, and every other warning, still reaches the user.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import warnings
 
 # package -> (logger the notice is logged on, text it contains): bitsandbytes 0.50, DeepSpeed 0.19.
 HELD_NOTICES = {
@@ -43,9 +53,11 @@ _filters: dict[str, _HoldNotice] = {}
 
 
 def quiet_optional_packages() -> None:
-    """Hold back the notices of `HELD_NOTICES` (call before the packages are imported; idempotent).
+    """Hold back the notices of `HELD_NOTICES` (call before the packages are imported; idempotent), and the
+    deprecation warnings the libraries raise at each other (`quiet_library_deprecations`).
 
     A run under `accelerate launch` with DeepSpeed keeps DeepSpeed's notices."""
+    quiet_library_deprecations()
     for package, (name, text) in HELD_NOTICES.items():
         if package == "deepspeed" and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
             continue
@@ -74,3 +86,64 @@ def release_for(model_args, training_args) -> None:
         release("bitsandbytes")
     if getattr(training_args, "deepspeed", None):
         release("deepspeed")
+
+
+# The deprecated aliases of transformers 5.23 (`modeling_utils.PreTrainedModel`), each warning with this text from its
+# own body (no `stacklevel`, so the warning's module is transformers' whatever the caller).
+DEPRECATED_ALIASES = {
+    "gradient_checkpointing_enable": "`gradient_checkpointing_enable` is deprecated and will be removed in v6.",
+    "gradient_checkpointing_disable": "`gradient_checkpointing_disable` is deprecated and will be removed in v6.",
+    "is_gradient_checkpointing": "`is_gradient_checkpointing` is deprecated and will be removed in v6.",
+}
+# Packages whose own calls of those aliases the user cannot act on.
+LIBRARIES = ("transformers", "peft", "trl", "accelerate")
+_WARNING_MODULE = "transformers.modeling_utils"
+
+
+class _CalledByALibrary:
+    """The message "regex" of a warnings filter: matches one alias's warning only when the alias was called by a
+    library's code.
+
+    A filter's module and message decide from the warning alone; who called the deprecated method is only on the call
+    stack, which `match` reads (`warnings.warn` runs its filters on the caller's stack). An ignored warning leaves no
+    mark in the module's warning registry, so the user's own call, later, still warns once as usual.
+    """
+
+    def __init__(self, alias: str, text: str):
+        self.alias, self.text = alias, text
+
+    def match(self, message: str) -> bool:
+        if not message.startswith(self.text):
+            return False
+        frame = sys._getframe(1)
+        while frame is not None and not (frame.f_code.co_name == self.alias and _module_of(frame) == _WARNING_MODULE):
+            frame = frame.f_back
+        if frame is None:
+            return False
+        caller = frame.f_back
+        # Wrappers of the alias under the same name (a model's override calling `super()`, TRL's selective
+        # checkpointing wrapper) pass a call through: whoever called them decides.
+        while caller is not None and caller.f_code.co_name == self.alias:
+            caller = caller.f_back
+        return caller is not None and _module_of(caller).split(".")[0] in LIBRARIES
+
+    def __repr__(self) -> str:
+        return f"<{self.alias} called by {'/'.join(LIBRARIES)}>"
+
+
+def _module_of(frame) -> str:
+    return frame.f_globals.get("__name__") or ""
+
+
+def quiet_library_deprecations() -> None:
+    """Drop the `DEPRECATED_ALIASES` warnings raised by the libraries' own calls (idempotent; imports nothing).
+
+    Checked against `warnings.filters` itself, which `warnings.catch_warnings` puts back as it was on exit."""
+    installed = {entry[1].alias for entry in warnings.filters if isinstance(entry[1], _CalledByALibrary)}
+    module = re.compile(re.escape(_WARNING_MODULE) + r"\Z")
+    for alias, text in DEPRECATED_ALIASES.items():
+        if alias not in installed:
+            # `warnings.filterwarnings` takes a message pattern as text only; the list takes any object with `match`.
+            warnings.filters.insert(0, ("ignore", _CalledByALibrary(alias, text), FutureWarning, module, 0))
+            # What `filterwarnings` does after changing the list: the modules' registries of seen warnings restart.
+            getattr(warnings, "_filters_mutated", lambda: None)()

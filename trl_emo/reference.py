@@ -57,10 +57,15 @@ class ReferenceModel:
             reference.__dict__.pop("forward", None)
             kind = "copy"
         else:
+            from .hub_check import hub_errors, model_sources
             from .sources import load_causal_lm
 
             parameter = next(policy.parameters())
-            reference = load_causal_lm(source, dtype=parameter.dtype, trust_remote_code=trainer.args.trust_remote_code)
+            # A Hub failure (offline, gated, not found...) is one line naming `asft_ref_model`.
+            with hub_errors(model_sources("asft_ref_model", source)):
+                reference = load_causal_lm(
+                    source, dtype=parameter.dtype, trust_remote_code=trainer.args.trust_remote_code
+                )
             reference.to(parameter.device)
             kind = "model"
         reference.eval()

@@ -158,6 +158,7 @@ class SFTRun:
         info: what the dataset loader found (`trl_emo.data.DatasetInfo`).
         trainer_kwargs: the trainer's `quantization_config` and `peft_config`.
         notes: lines worth telling the user (printed by `--dry_run`, logged before training).
+        hub_sources: the Hub ids the run loads, with their fields (`trl_emo.hub_check`), already checked.
     """
 
     script_args: Any
@@ -171,18 +172,22 @@ class SFTRun:
     info: Any
     trainer_kwargs: dict
     notes: list = field(default_factory=list)
+    hub_sources: list = field(default_factory=list)
 
 
 def resolve_sft_run(args: CommandLine) -> SFTRun:
     """Resolve a parsed `trl_emo.sft` command line into the run's final configuration.
 
-    In order: required fields checked; `resume_from_checkpoint` resolved; an empty `chat_template_path` unset; the
-    tokenizer loaded (with that template); the datasets loaded and formatted; `assistant_only_loss` turned on for
-    `messages` data unless the user set it, and, when the chat template has no `{% generation %}` markers, the
-    conversations routed through TRL's completion-only loss (`assistant_only_loss` off again, same loss); packing
-    advice for plain-text corpora logged; the eval split checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError` in one line.
+    In order: required fields checked; `resume_from_checkpoint` resolved; an empty `chat_template_path` unset; every
+    Hub id of the run checked (`trl_emo.hub_check`); the tokenizer loaded (with that template); the datasets loaded
+    and formatted; `assistant_only_loss` turned on for `messages` data unless the user set it, and, when the chat
+    template has no `{% generation %}` markers, the conversations routed through TRL's completion-only loss
+    (`assistant_only_loss` off again, same loss); packing advice for plain-text corpora logged; the eval split
+    checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError`, or `HubAccessError` for
+    a Hub id the run cannot load, in one line.
     """
     from .data import load_sft_datasets
+    from .hub_check import check_sources, hub_errors, sft_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
     notes = list(args.notes)
@@ -194,8 +199,12 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
     training_args.chat_template_path = training_args.chat_template_path or None  # `--chat_template_path ""` unsets it
 
-    tokenizer = load_training_tokenizer(model_args, training_args)
-    train_dataset, eval_dataset, info = load_sft_datasets(script_args, data_args, tokenizer)
+    # Every Hub id the run will load, checked before the first of them is (a dry run included).
+    hub_sources = sft_sources(script_args, training_args, model_args)
+    check_sources(hub_sources)
+    with hub_errors(hub_sources):
+        tokenizer = load_training_tokenizer(model_args, training_args)
+        train_dataset, eval_dataset, info = load_sft_datasets(script_args, data_args, tokenizer)
 
     if info.assistant_only_loss and not training_args.assistant_only_loss and "assistant_only_loss" not in args.explicit:
         logger.warning(
@@ -247,7 +256,7 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return SFTRun(
         script_args, training_args, model_args, data_args, run_args, tokenizer, train_dataset, eval_dataset, info,
-        trainer_model_kwargs(model_args, quantization_config), notes,
+        trainer_model_kwargs(model_args, quantization_config), notes, hub_sources,
     )
 
 
@@ -270,6 +279,7 @@ class DPORun:
     eval_dataset: Any
     trainer_kwargs: dict
     notes: list = field(default_factory=list)
+    hub_sources: list = field(default_factory=list)
 
 
 def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_remote_code: bool) -> str:
@@ -293,12 +303,14 @@ def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_re
 def resolve_dpo_run(args: CommandLine) -> DPORun:
     """Resolve a parsed `trl_emo.dpo` command line into the run's final configuration.
 
-    In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located (an adapter
-    merged, except in a dry run); its tokenizer loaded (a pad token added as TRL would); the preference data loaded
-    and formatted; the eval split checked; `model_init_kwargs` filled from `ModelConfig`.
+    In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located; every Hub id
+    of the run checked (`trl_emo.hub_check`); an adapter merged (except in a dry run); its tokenizer loaded (a pad
+    token added as TRL would); the preference data loaded and formatted; the eval split checked; `model_init_kwargs`
+    filled from `ModelConfig`.
     """
     from . import sources
     from .data import load_dpo_datasets
+    from .hub_check import check_sources, dpo_sources, hub_errors
 
     script_args, training_args, model_args, data_args, run_args = args.values
     _require(
@@ -310,14 +322,20 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     source = model_args.model_name_or_path
     if sources.locate(source)[0] == "missing":
         raise ConfigError(f"model_name_or_path not found: {source}")
-    # The SFT folder holds the tokenizer whether it is a model or an adapter; a dry run merges nothing.
-    policy = source
-    if not run_args.dry_run:
-        policy = dpo_starting_model(source, training_args.output_dir, model_args.dtype, training_args.trust_remote_code)
-    tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
+    # Every Hub id the run will load (the model or its adapter's base, the dataset), checked before merging.
+    hub_sources = dpo_sources(script_args, model_args)
+    check_sources(hub_sources)
+    with hub_errors(hub_sources):
+        # The SFT folder holds the tokenizer whether it is a model or an adapter; a dry run merges nothing.
+        policy = source
+        if not run_args.dry_run:
+            policy = dpo_starting_model(
+                source, training_args.output_dir, model_args.dtype, training_args.trust_remote_code
+            )
+        tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
     if training_args.eval_strategy != "no" and eval_dataset is None:
         raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
     if training_args.eval_strategy == "no":
@@ -325,7 +343,7 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return DPORun(
         script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,
-        trainer_model_kwargs(model_args, quantization_config), list(args.notes),
+        trainer_model_kwargs(model_args, quantization_config), list(args.notes), hub_sources,
     )
 
 

@@ -42,6 +42,7 @@ def main(args: CommandLine) -> int:
     """Train (or, with `--dry_run`, print the final configuration and examples) from a parsed command line."""
     from .data import DataError
     from .dry_run import print_sft_dry_run
+    from .hub_check import HubAccessError, hub_errors
     from .noise import quiet_optional_packages, release_for
     from .run_config import end_run, resolve_sft_run, save_outputs
 
@@ -52,7 +53,7 @@ def main(args: CommandLine) -> int:
         if sft_run.run_args.dry_run:
             print_sft_dry_run(sft_run)
             return 0
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, HubAccessError) as exc:
         print(f"{NAME}: error: {exc}", file=sys.stderr)
         return 2
     for note in sft_run.notes:
@@ -61,15 +62,21 @@ def main(args: CommandLine) -> int:
 
     from .trainer import SFTTrainer
 
-    trainer = SFTTrainer(
-        model=sft_run.model_args.model_name_or_path,
-        args=sft_run.training_args,
-        train_dataset=sft_run.train_dataset,
-        eval_dataset=sft_run.eval_dataset,
-        processing_class=sft_run.tokenizer,
-        **sft_run.trainer_kwargs,
-    )
-    trainer.train(resume_from_checkpoint=sft_run.training_args.resume_from_checkpoint)
+    try:
+        # The checked ids can still fail here (offline, the weights of a model whose config alone is cached).
+        with hub_errors(sft_run.hub_sources):
+            trainer = SFTTrainer(
+                model=sft_run.model_args.model_name_or_path,
+                args=sft_run.training_args,
+                train_dataset=sft_run.train_dataset,
+                eval_dataset=sft_run.eval_dataset,
+                processing_class=sft_run.tokenizer,
+                **sft_run.trainer_kwargs,
+            )
+        trainer.train(resume_from_checkpoint=sft_run.training_args.resume_from_checkpoint)
+    except HubAccessError as exc:  # EMO's cost embedding is loaded at the first step
+        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        return 2
     save_outputs(trainer, sft_run.training_args.output_dir)
     trainer.accelerator.print(f"{NAME}: model saved to {sft_run.training_args.output_dir} (loss_type={sft_run.training_args.loss_type}).")
     if sft_run.training_args.push_to_hub:

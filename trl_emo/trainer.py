@@ -2,7 +2,8 @@
 
 `nll` and `dft` are left to TRL exactly as it computes them. Any other registered loss is computed
 by `trl_emo`, fused by default (from hidden states, never the full logits) or from the logits
-(`loss_implementation="logits"`), and logged beside cross-entropy, entropy and token accuracy.
+(`loss_implementation="logits"`), and logged beside cross-entropy, entropy and token accuracy, averaged the way
+the Trainer averages the `loss` it logs (see `_MetricSums`), so that `objective` equals `loss`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class SFTTrainer(_TRLSFTTrainer):
         self._objective = None
         self._reference = None  # ASFT's reference model (trl_emo.reference.ReferenceModel)
         self._gem_schedule = None  # GEM's adaptive beta (trl_emo.gem_schedule.GemBetaSchedule)
+        self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
+        self._eval_sums = _MetricSums()  # this evaluation's, logged at its end
         if args.loss_type not in TRL_LOSS_TYPES:
             if kwargs.get("compute_loss_func") is not None:
                 raise ValueError(
@@ -85,6 +88,7 @@ class SFTTrainer(_TRLSFTTrainer):
             self._objective = objective
             self._check_vocabulary(self._base_model())
             self._set_up_reference_and_schedule(args)
+            self.add_callback(_OptimizerStepCallback(self))
         else:
             super().__init__(model, args, *positional, **kwargs)
         # Patched for TRL's own losses too: the wrapper also makes `copy.deepcopy(model)` run the
@@ -127,7 +131,6 @@ class SFTTrainer(_TRLSFTTrainer):
 
             check_target_entropy(args.gem_target_entropy, output_vocab_size(self._base_model()))
             self._gem_schedule = GemBetaSchedule(args.gem_beta, args.gem_target_entropy, args.gem_beta_min, args.gem_beta_step)
-            self.add_callback(_GemBetaCallback(self))
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         checkpoint = resume_from_checkpoint
@@ -202,35 +205,68 @@ class SFTTrainer(_TRLSFTTrainer):
         if self.args.stop_on_non_finite_loss and not torch.isfinite(loss.detach()).all():
             self._raise_non_finite(mode)
         loss = compat.finish_loss(self, loss, aux_loss, num_items_in_batch, mode)
-        self._log_token_metrics(mode, result, inputs)
+        self._add_token_metrics(mode, result, inputs, num_items_in_batch)
         if return_outputs:
             return loss, compat.outputs_for_metrics(model, logits_inputs)
         return loss
 
-    def _log_token_metrics(self, mode, outputs, inputs) -> None:
-        """The objective, cross-entropy, entropy, top-1 accuracy and the loss's own metrics, averaged over the target
-        tokens of every process; and TRL's `num_tokens`."""
-        names = list(outputs.metrics or {})
-        local = torch.stack(
+    def _add_token_metrics(self, mode, outputs, inputs, num_items_in_batch) -> None:
+        """Add this batch's objective, cross-entropy, entropy, top-1 accuracy and the loss's own metrics to the sums
+        logged at the end of the optimizer step (training) or of the evaluation, each weighted as the Trainer weights
+        this batch in its `loss` / `eval_loss`; and count TRL's `num_tokens`."""
+        names = ("objective", "cross_entropy", "entropy", "mean_token_accuracy", *(outputs.metrics or {}))
+        count = outputs.token_losses.numel()
+        sums = torch.stack(
             [
-                torch.tensor(float(outputs.token_losses.numel()), device=outputs.token_losses.device),
                 outputs.token_losses.sum().float(),
                 outputs.nll.sum().float(),
                 outputs.entropy.sum().float(),
                 outputs.is_top1.sum().float(),
-                *(outputs.metrics[name].sum().float() for name in names),
+                *(outputs.metrics[name].sum().float() for name in names[4:]),
             ]
         )
-        # One collective for every metric of the step.
-        totals = self.accelerator.gather_for_metrics(local[None]).sum(0).tolist()
-        count = totals[0]
-        means = [value / count if count > 0 else 0.0 for value in totals[1:]]
-        for key, value in zip(["objective", "cross_entropy", "entropy", "mean_token_accuracy", *names], means):
-            compat.log_metric(self, mode, key, value)
-        if mode == "train" and self._gem_schedule is not None:
-            # Summed over every process already, so every process moves beta the same way.
-            self._gem_schedule.observe(entropy_sum=totals[3], count=count)
+        weighted = sums * compat.loss_weight(self, num_items_in_batch, count, mode, sums.device)
+        if mode == "train":
+            # GEM's schedule wants the step's plain token mean of the entropy, whatever the loss's weighting:
+            # the raw token count and entropy sum travel with the weighted sums, in the same collective.
+            raw = torch.stack([torch.tensor(float(count), device=sums.device), sums[2]])
+            self._train_sums.add(names, torch.cat([weighted, raw]))
+        else:
+            rows = compat.gather_eval_batch(self, weighted, inputs)
+            self._eval_sums.add(names, rows.sum(0), rows.shape[0])
         compat.count_train_tokens(self, inputs, mode)
+
+    def _end_optimizer_step(self) -> None:
+        """Log the step's metrics (one value per step, which TRL's `log` averages over the steps of the logging window,
+        as the Trainer averages `loss`) and move GEM's beta."""
+        step = self._train_sums.pop()
+        if step is not None:
+            names, local, _ = step
+            # One collective per optimizer step for every metric; averaged over processes like `tr_loss`.
+            gathered = compat.gather_step(self, local)
+            values = gathered[:, : len(names)].mean(0).tolist()
+            count, entropy_sum = gathered[:, len(names) :].sum(0).tolist()
+            for name, value in zip(names, values):
+                compat.log_metric(self, "train", name, value)
+            if self._gem_schedule is not None:
+                # Summed over every process, so every process moves beta the same way.
+                self._gem_schedule.observe(entropy_sum=entropy_sum, count=count)
+        if self._gem_schedule is not None:
+            self._update_gem_beta()
+
+    def evaluation_loop(self, *args, **kwargs):
+        if self._objective is None:
+            return super().evaluation_loop(*args, **kwargs)
+        self._eval_sums.pop()  # what an interrupted evaluation left
+        output = super().evaluation_loop(*args, **kwargs)
+        done = self._eval_sums.pop()
+        if done is not None:
+            # One value per evaluation (set, not appended): the mean of the Trainer's per-example rows, so
+            # `eval_objective` is `eval_loss` (see `compat.gather_eval_batch`).
+            names, sums, rows = done
+            for name, value in zip(names, (sums / max(rows, 1)).tolist()):
+                compat.set_metric(self, "eval", name, value)
+        return output
 
     def _update_gem_beta(self) -> None:
         beta = self._gem_schedule.update()
@@ -241,11 +277,50 @@ class SFTTrainer(_TRLSFTTrainer):
         compat.set_metric(self, "train", "gem_beta", beta)
 
 
-class _GemBetaCallback(TrainerCallback):
-    """After every optimizer step, GEM's beta moves toward the target entropy (`gem_target_entropy`)."""
+class _MetricSums:
+    """Weighted metric sums, kept on the device until they are logged: no host synchronisation per micro-batch.
+
+    The Trainer logs as `loss` the mean, over the optimizer steps of the logging window, of each step's loss: the
+    per-micro-batch losses of the step (already normalized by the step's token count, `num_items_in_batch`) summed and
+    averaged over processes. A micro-batch's metrics are weighted here as its loss is weighted there
+    (`compat.loss_weight`), so each step's values are token means over the whole step and every process (with the
+    default `average_tokens_across_devices`), logged once per step (`_end_optimizer_step`) for TRL's `log` to average
+    over the window. In evaluation, the Trainer's `eval_loss` is the mean over examples of their batch's token mean
+    (`compat.gather_eval_batch`); the metrics are logged the same way, once per evaluation.
+    """
+
+    def __init__(self):
+        self.names: tuple[str, ...] | None = None
+        self.total = None
+        self.rows = 0
+
+    def add(self, names: tuple[str, ...], values, rows: int = 0) -> None:
+        if self.total is None:
+            self.names, self.total = names, values
+        else:
+            if names != self.names:
+                raise RuntimeError(f"The loss returned metrics {names} after {self.names} in the same step.")
+            self.total = self.total + values
+        self.rows += rows
+
+    def pop(self):
+        """`(names, summed values, rows)`, or None when nothing was added; then start afresh."""
+        if self.total is None:
+            return None
+        done = (self.names, self.total, self.rows)
+        self.names, self.total, self.rows = None, None, 0
+        return done
+
+
+class _OptimizerStepCallback(TrainerCallback):
+    """At the end of every optimizer step: log the step's metrics, and move GEM's beta toward the target entropy
+    (`gem_target_entropy`) when it is set."""
 
     def __init__(self, trainer: SFTTrainer):
         self.trainer = trainer
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._train_sums.pop()  # what an interrupted `train()` left
+
     def on_step_end(self, args, state, control, **kwargs):
-        self.trainer._update_gem_beta()
+        self.trainer._end_optimizer_step()

@@ -48,6 +48,7 @@ def main(args: CommandLine) -> int:
 
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     """
+    from ..hub_check import HubAccessError
     from ..noise import quiet_optional_packages
     from ..sources import SourceError
 
@@ -58,7 +59,7 @@ def main(args: CommandLine) -> int:
         from .pipeline import run_evaluation
 
         run_evaluation(config)
-    except (ConfigError, EvaluationError, SourceError) as exc:
+    except (ConfigError, EvaluationError, SourceError, HubAccessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with open(f"{config.output_dir}/summary.md", encoding="utf-8") as handle:

@@ -228,6 +228,11 @@ class EvalConfig:
             `mbpp`: without it they stop before generating. Each program runs in `trl_emo.evaluation.sandbox`
             (its own process and empty directory, time/memory/output limits, no environment, killed with its
             process group), like HF evaluate's `HF_ALLOW_CODE_EVAL` or lm-eval's `--confirm_run_unsafe_code`.
+        allow_unconfined_code_execution (`bool`, *optional*, defaults to `False`):
+            Also run them where the sandbox cannot keep them from the evaluator's files: no Landlock (Linux < 5.13,
+            or blocked by a container) and no privilege drop (the evaluator is not root), so each program runs as
+            the evaluator's own uid and can read, change and delete that user's files and signal its processes.
+            Without it `allow_code_execution` refuses there, in one line naming what is missing.
         code_execution_timeout (`float` or `None`, *optional*, defaults to the task's: `10.0`):
             Wall-clock seconds per program (its CPU time is limited to the same, rounded up).
         code_execution_memory_mb (`int` or `None`, *optional*, defaults to the task's: `2048`):
@@ -352,6 +357,10 @@ class EvalConfig:
     # Tasks humaneval and mbpp (issue 12).
     allow_code_execution: bool = field(
         default=False, metadata={"help": "Run the model-written programs (humaneval, mbpp) in the sandbox."}
+    )
+    allow_unconfined_code_execution: bool = field(
+        default=False,
+        metadata={"help": "Also run them without Landlock or a privilege drop, as this uid (accepts the risk)."},
     )
     code_execution_timeout: float | None = field(
         default=None, metadata={"help": "Wall-clock seconds per program (humaneval, mbpp: 10)."}

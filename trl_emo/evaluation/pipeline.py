@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ..hub_check import check_sources, eval_sources, hub_errors
 from .config import EvalConfig
 from .generation import import_vllm
 from .loading import adapter_base, check_model_source, free_memory
@@ -36,7 +37,17 @@ def make_task(config: EvalConfig) -> EvalTask:
 
 
 def run_evaluation(config: EvalConfig) -> dict:
-    """Run (or resume) the evaluation described by `config`; return the summary written to summary.json."""
+    """Run (or resume) the evaluation described by `config`; return the summary written to summary.json.
+
+    Every Hub id it loads is checked first (`trl_emo.hub_check`); a Hub failure, then or later, is a
+    `HubAccessError` naming the field."""
+    hub_sources = eval_sources(config)
+    check_sources(hub_sources)
+    with hub_errors(hub_sources):
+        return _run_evaluation(config)
+
+
+def _run_evaluation(config: EvalConfig) -> dict:
     task = make_task(config)
     check_models(config)
     task.check()

@@ -14,18 +14,42 @@ What every program gets, whatever it does:
 - stdin closed (`/dev/null`); `data` arrives on a private file descriptor that is read and closed before the
   program starts, and is handed to it as the global `SANDBOX_INPUT` (bytes);
 - resource limits set in the child before the program runs: CPU time, address space, file size, open files,
-  and processes where the limit binds (not for root, whose process count the kernel never limits);
+  and processes (`RLIMIT_NPROC`, which the kernel never applies to root: it binds because root's programs
+  run as another uid, below);
+- when the evaluator runs as root, a privilege drop: the program runs as an unprivileged uid and gid of its
+  own (one per running program, from `UNPRIVILEGED_UIDS`, leased through a lock so that no two programs,
+  even of two evaluations, share one; no supplementary groups; `no_new_privs`, so no setuid program gives
+  root back) that owns only its directory. It cannot read the evaluator's private files or
+  `/proc/<pid>/environ`, write or delete what it does not own, or signal the evaluator or the other
+  programs. After it, every process of that uid is killed and whatever the uid left in the machine's
+  world-writable folders (`/tmp`, `/var/tmp`, `/dev/shm`) is deleted. A Python installation that uid cannot
+  reach (under root's mode-700 home, as pyenv puts it) is shown to it as a read-only copy of the standard
+  library, made of hard links in a root-owned folder (`interpreter_view`); no mode of the original changes;
+- where bubblewrap (`bwrap`) is installed and works, with the privilege drop only: its own mount, PID, IPC and
+  UTS namespaces, in which only the Python installation, the system libraries and its directory exist and
+  `/proc` shows its own processes only. An extra layer, not a requirement;
 - where the kernel has Landlock (Linux >= 5.13), a filesystem policy: write anywhere beneath its directory,
   read and execute only the Python installation, the system library folders and its directory; no TCP
   connect/bind (Landlock ABI >= 4) and no signals to processes outside the sandbox (ABI >= 6);
-- where user namespaces are allowed, a network namespace of its own: no network at all;
+- where namespaces are allowed, a network namespace of its own: no network at all;
 - a wall-clock timeout and an output cap (stdout + stderr, read incrementally as it is produced): past either,
   the process group is killed;
-- at the end, whatever happened, SIGKILL to its process group, then to every process still in its session
-  or carrying its marker (children that started their own session); then its directory is deleted.
+- at the end, whatever happened, SIGKILL to its process group, then to every process still in its session,
+  carrying its marker (children that started their own session) or running as its uid; then its directory
+  is deleted.
 
+Neither Landlock nor the privilege drop available (no Landlock, not root): `Sandbox` refuses, in one line
+naming what is missing, unless `allow_unconfined=True` accepts that programs run as the evaluator's own uid.
 A confinement layer that was found available (`confinement()`) and then fails to apply in a child is an
-error (`SandboxError`), never a silent run without it.
+error (`SandboxError`), never a silent run without it; the child says it is ready on a pipe the program never
+sees, so a program cannot pass for a failed setup (or the reverse).
+
+This module is the entry point (`Sandbox`, `SandboxLimits`, `SandboxResult`, `confinement()`, the errors) and
+runs the programs; the layers are in modules of their own: `sandbox_bootstrap` (the child side: the system calls
+of Landlock, the network namespace, the privilege drop and the limits), `sandbox_interpreter` (what the
+interpreter may read; the standard library's copy for a dropped uid), `sandbox_uids` (leasing the uids),
+`sandbox_bubblewrap` (bwrap's command line), `sandbox_processes` (finding and killing what a program left
+running), `sandbox_files` (its input, its directory, what its uid left behind), `sandbox_errors`.
 """
 
 from __future__ import annotations
@@ -45,19 +69,23 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-# Exit status of a child that could not put its confinement in place (the program never ran).
-SETUP_FAILED = 121
+from .sandbox_bootstrap import BOOTSTRAP, SETUP_FAILED, landlock_abi
+from .sandbox_bubblewrap import bubblewrap_argv
+from .sandbox_errors import SandboxError, UnconfinedError
+from .sandbox_files import _anonymous_file, _remove_left_behind, _remove_tree
+from .sandbox_interpreter import _READ_FILES, _blocked_folder, _mode, _read_dirs, _system_paths, interpreter_view
+from .sandbox_processes import MARKER_VARIABLE, _kill_group, _kill_uid, _start_time, _sweep, _wait_unreaped
+from .sandbox_uids import _RETIRED, UNPRIVILEGED_UIDS, _lease_uid
+
+# The public names, wherever they are defined: callers import them from here, not from the modules that hold them.
+__all__ = [
+    "MARKER_VARIABLE", "SETUP_FAILED", "UNPRIVILEGED_UIDS", "Sandbox", "SandboxError", "SandboxLimits",
+    "SandboxResult", "UnconfinedError", "bubblewrap_argv", "confinement", "interpreter_view", "landlock_abi",
+]
+
 # How much of stdout / stderr is kept for the caller (the rest is counted against the cap, then dropped).
 STDOUT_TAIL = 16 * 1024
 STDERR_TAIL = 4 * 1024
-MARKER_VARIABLE = "TRL_EMO_SANDBOX"
-
-# Landlock (include/uapi/linux/landlock.h). The syscall numbers are the same on every architecture.
-_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the program): a confinement layer could not be applied."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +99,9 @@ class SandboxLimits:
     memory_mb: int = 2048
     file_size_mb: int = 16
     open_files: int = 64
-    # Processes the program may start (RLIMIT_NPROC, counted from the user's current processes);
-    # the kernel does not apply this limit to root.
+    # Processes (and threads) the program may start (RLIMIT_NPROC, counted from the user's current processes;
+    # a dropped uid has none). The kernel does not apply it to root: it binds for root's programs through the
+    # privilege drop only.
     processes: int = 16
     # stdout + stderr together, in bytes.
     output_bytes: int = 1 << 20
@@ -100,189 +129,94 @@ class SandboxResult:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The child side: run with `python -s -S -P -c _BOOTSTRAP <fd> <flags> <limits> <dirs>` before the program.
-# Standard library only, and only what is cheap to import (no json, re or ast: every program pays for them).
+# Which layers this machine can apply, and the refusal when none keeps a program from the evaluator's files.
 # ----------------------------------------------------------------------------------------------------------
-
-_BOOTSTRAP = r'''
-import os, sys, resource
-
-def _landlock(abi, write_dir, read_dirs, read_files):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fs_rights = (1 << 13) - 1                       # ABI 1: execute .. make_sym
-    if abi >= 2: fs_rights |= 1 << 13               # refer
-    if abi >= 3: fs_rights |= 1 << 14               # truncate
-    if abi >= 5: fs_rights |= 1 << 15               # ioctl_dev
-    net_rights = 3 if abi >= 4 else 0               # bind_tcp | connect_tcp: none allowed
-    scoped = 3 if abi >= 6 else 0                   # abstract unix sockets, signals: own domain only
-    attr = (ctypes.c_uint64 * 3)(fs_rights, net_rights, scoped)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    ruleset = libc.syscall(%(create)d, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-
-    class PathBeneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-    read = (1 << 0) | (1 << 2) | (1 << 3)           # execute, read_file, read_dir
-    file_rights = (1 << 0) | (1 << 1) | (1 << 2) | (((1 << 14) if abi >= 3 else 0))
-
-    def allow(path, rights, required):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            if required:
-                raise
-            return
-        try:
-            if not os.path.isdir(path):
-                rights &= file_rights
-            rule = PathBeneath(rights & fs_rights, fd)
-            added = libc.syscall(%(add)d, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0))
-            if added < 0:
-                if required:
-                    raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
-        finally:
-            os.close(fd)
-
-    allow(write_dir, fs_rights, True)
-    for path in read_dirs:
-        allow(path, read, False)
-    for path in read_files:
-        allow(path, 1 << 2, False)                  # read_file
-    allow("/dev/null", (1 << 1) | (1 << 2) | (1 << 14), False)   # read, write, truncate
-    if libc.prctl(38, 1, 0, 0, 0) != 0:             # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if libc.syscall(%(restrict)d, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-    os.close(ruleset)
-
-def _own_network():
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWUSER | CLONE_NEWNET
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET)")
-
-def _user_processes(uid):
-    count = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                count += os.stat("/proc/" + name).st_uid == uid
-            except OSError:
-                pass
-    return count
-
-def _boot():
-    fd = int(sys.argv[1])
-    flags = sys.argv[2]
-    cpu, memory, fsize, nofile, nproc, abi = (int(v) for v in sys.argv[3].split(","))
-    write_dir = sys.argv[4]
-    read_dirs = [p for p in sys.argv[5].split("\n") if p]
-    read_files = [p for p in sys.argv[6].split("\n") if p]
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(fd)
-    data = b"".join(chunks)
-    del chunks
-    split = data.index(b"\n")
-    size = int(data[:split])
-    source = data[split + 1 : split + 1 + size].decode("utf-8")
-    payload = data[split + 1 + size :]
-    del data
-    try:
-        uid = os.getuid()
-        # A new user namespace counts its processes from zero; otherwise the limit counts all of the user's
-        # (counted now: Landlock hides /proc). Root is never limited by the kernel.
-        base = 0 if uid == 0 or "n" in flags else _user_processes(uid)
-        if "n" in flags:
-            _own_network()
-        if "l" in flags:
-            _landlock(abi, write_dir, read_dirs, read_files)
-        if uid != 0:
-            resource.setrlimit(resource.RLIMIT_NPROC, (base + nproc, base + nproc))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    except BaseException as exc:
-        os.write(2, ("sandbox setup failed: %%r\n" %% (exc,)).encode())
-        os._exit(%(failed)d)
-    sys.argv = [""]
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "SANDBOX_INPUT": payload}
-    del payload
-    exec(compile(source, "<sandbox>", "exec"), namespace)
-
-_boot()
-''' % {
-    "create": _LANDLOCK_CREATE_RULESET, "add": _LANDLOCK_ADD_RULE, "restrict": _LANDLOCK_RESTRICT_SELF,
-    "failed": SETUP_FAILED,
-}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The parent side.
-# ----------------------------------------------------------------------------------------------------------
-
-
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, 0 when Landlock is absent (or not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        version = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    except (OSError, AttributeError):
-        return 0
-    return max(0, int(version))
-
-
-def _read_dirs() -> list[str]:
-    """Where a sandboxed interpreter may read and execute: its installation and the system library folders."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    roots |= {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"}
-    return sorted(os.path.realpath(p) for p in roots if p and os.path.isdir(p))
-
-
-_READ_FILES = ("/dev/zero", "/dev/urandom", "/dev/random", "/etc/ld.so.cache", "/etc/localtime")
 
 _CONFINEMENT: dict | None = None
 _CONFINEMENT_LOCK = threading.Lock()
 
 
+def _is_root() -> bool:
+    return sys.platform.startswith("linux") and os.geteuid() == 0
+
+
 def confinement() -> dict:
-    """Which layers this machine can apply: `{"landlock": abi or 0, "network": bool}` (probed once per process)."""
+    """Which layers this machine can apply (probed once per process): `{"landlock": abi or 0, "network": bool,
+    "drop": bool (root can run programs as an unprivileged uid), "bubblewrap": path of a working bwrap or None}`."""
     global _CONFINEMENT
     with _CONFINEMENT_LOCK:
         if _CONFINEMENT is None:
             abi = landlock_abi()
-            probe = Sandbox(SandboxLimits(timeout=20), landlock=False, network=False)
-            layers = {"landlock": 0, "network": False}
-            # Each layer is tried alone: a child that cannot apply it exits with SETUP_FAILED.
-            if abi and probe._run_raw("", b"", landlock=abi, network=False).returncode == 0:
+            # In a folder the dropped uid may enter, so that the probe finds out whether root can drop privileges;
+            # a base_dir it cannot enter is a separate, named error (`Sandbox`).
+            where = next((p for p in (tempfile.gettempdir(), "/tmp") if _blocked_folder(p) is None), None)
+            probe = Sandbox(
+                SandboxLimits(timeout=20), base_dir=where, landlock=False, network=False, drop_privileges=False,
+                bubblewrap=False, allow_unconfined=True,
+            )
+            layers = {"landlock": 0, "network": False, "drop": False, "bubblewrap": None}
+
+            def works(**layer) -> bool:
+                return probe._run_raw("", b"", **{"landlock": 0, "network": False, **layer})[1]
+
+            # Each layer is tried alone (bubblewrap only on top of the drop): a child that cannot apply it never
+            # says it is ready.
+            if abi and works(landlock=abi):
                 layers["landlock"] = abi
-            if sys.platform.startswith("linux") and probe._run_raw("", b"", landlock=0, network=True).returncode == 0:
+            linux = sys.platform.startswith("linux")
+            if linux and works(network=True):
                 layers["network"] = True
+            if _is_root() and works(drop=True):
+                layers["drop"] = True
+            bwrap = shutil.which("bwrap") if layers["drop"] else None
+            if bwrap and works(drop=True, network=layers["network"], bubblewrap=bwrap):
+                layers["bubblewrap"] = bwrap
             _CONFINEMENT = layers
         return dict(_CONFINEMENT)
+
+
+def _refusal(landlock: bool | None, drop: bool | None) -> str:
+    """The one line `Sandbox` refuses with when no layer keeps a program from the evaluator's own files."""
+    import platform
+
+    euid = os.geteuid() if hasattr(os, "geteuid") else -1
+    if landlock is False:
+        no_landlock = "turned off"
+    elif not sys.platform.startswith("linux"):
+        no_landlock = "Linux only"
+    elif not landlock_abi():
+        no_landlock = (f"this kernel, Linux {platform.release()}, does not offer it: it needs Linux 5.13 or later, "
+                       "and containers or seccomp profiles may block it")
+    else:
+        no_landlock = "the kernel has it, but it could not be applied here"
+    if drop is False:
+        no_drop = "turned off"
+    elif euid != 0:
+        no_drop = f"it needs root, and the evaluator runs as uid {euid}"
+    else:
+        no_drop = "root here cannot change to another uid"
+    return (
+        f"Refusing to run model-written code: neither Landlock ({no_landlock}) nor a privilege drop ({no_drop}) is "
+        f"available, so each program would run as uid {euid} and could read, change and delete that user's files "
+        "and signal its processes; run on a kernel with Landlock or as root, or pass "
+        "`--allow_unconfined_code_execution true` to accept the risk."
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The sandbox.
+# ----------------------------------------------------------------------------------------------------------
 
 
 class Sandbox:
     """Runs untrusted Python programs, one process each, `workers` at a time.
 
-    `landlock` / `network`: apply that confinement layer (`None`: when the machine supports it, see
-    `confinement()`). `base_dir`: where the per-program directories are made (default: the system's temporary
-    folder).
+    `landlock` / `network` / `drop_privileges` / `bubblewrap`: apply that confinement layer (`None`: when the
+    machine supports it, see `confinement()`; `False` turns it off, e.g. to test the others alone).
+    `allow_unconfined`: run programs even when neither Landlock nor the privilege drop is on (they then run
+    as the evaluator's own uid); otherwise that is refused with `UnconfinedError`. `base_dir`: where the
+    per-program directories are made (default: the system's temporary folder). `uids`: the unprivileged uids
+    (and gids) of the privilege drop.
     """
 
     def __init__(
@@ -292,22 +226,61 @@ class Sandbox:
         base_dir: str | None = None,
         landlock: bool | None = None,
         network: bool | None = None,
+        drop_privileges: bool | None = None,
+        bubblewrap: bool | None = None,
+        allow_unconfined: bool = False,
+        uids: range | None = None,
     ):
         self.limits = limits or SandboxLimits()
         self.workers = max(1, int(workers or os.cpu_count() or 1))
         self.base_dir = base_dir
-        if landlock is None or network is None:
-            layers = confinement()
-            landlock = bool(layers["landlock"]) if landlock is None else landlock
-            network = layers["network"] if network is None else network
+        self.uids = uids if uids is not None else UNPRIVILEGED_UIDS
+        asked = {"landlock": landlock, "drop": drop_privileges}
+        layers = confinement() if None in (landlock, network, drop_privileges, bubblewrap) else None
+        if landlock is None:
+            landlock = bool(layers["landlock"])
+        if network is None:
+            network = layers["network"]
+        if drop_privileges is None:
+            drop_privileges = layers["drop"]
         self.landlock = landlock_abi() if landlock else 0
         if landlock and not self.landlock:
             raise SandboxError("Landlock was requested but this kernel does not have it.")
         self.network = bool(network)
+        if drop_privileges and not _is_root():
+            raise SandboxError(f"The privilege drop needs the evaluator to run as root; it runs as uid {os.geteuid()}.")
+        self.drop_privileges = bool(drop_privileges)
+        if bubblewrap is None:
+            bwrap = layers["bubblewrap"] if self.drop_privileges else None
+        elif bubblewrap:
+            bwrap = shutil.which("bwrap")
+            if not bwrap:
+                raise SandboxError("bubblewrap was requested but `bwrap` is not installed.")
+            if not self.drop_privileges:
+                raise SandboxError("bubblewrap is used on top of the privilege drop only (the evaluator runs as root).")
+        else:
+            bwrap = None
+        self.bubblewrap = bwrap
+        self.allow_unconfined = bool(allow_unconfined)
+        if not self.landlock and not self.drop_privileges and not self.allow_unconfined:
+            raise UnconfinedError(_refusal(asked["landlock"], asked["drop"]))
+        self._view_root, self._moves = None, []
+        if self.drop_privileges:
+            where = base_dir or tempfile.gettempdir()
+            blocked = _blocked_folder(where)
+            if blocked is not None:
+                raise SandboxError(
+                    f"The programs' directories would be made in {where}, but the unprivileged uid they run as cannot "
+                    f"enter {blocked} (mode {_mode(blocked)}); choose a base_dir whose parents others may enter, "
+                    "such as /tmp."
+                )
+            self._view_root, self._moves = interpreter_view()
         self._live: dict[int, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._read_dirs = _read_dirs()
+        self._read_dirs = _read_dirs() + ([self._view_root] if self._view_root else [])
+        # bubblewrap recreates the links among them (/lib64 -> usr/lib64) as well as what they point to.
+        self._bubblewrap_dirs = sorted(set(self._read_dirs) | _system_paths())
 
     # ------------------------------------------------------------------ description
 
@@ -315,10 +288,26 @@ class Sandbox:
         """One line saying what runs, where, and under which limits."""
         limits = self.limits
         layers = []
-        layers.append(
-            f"writes only inside its directory (Landlock ABI {self.landlock})" if self.landlock
-            else "NO filesystem confinement (this kernel has no Landlock: the program can write wherever this user can)"
-        )
+        if self.drop_privileges:
+            layers.append(
+                f"runs as an unprivileged uid of its own ({self.uids.start}-{self.uids.stop - 1}, no groups) that owns "
+                "only its directory"
+                + (f" (the standard library shown to it as links under {self._view_root})" if self._view_root else "")
+            )
+        if self.bubblewrap:
+            layers.append("inside bubblewrap (sees only Python, the system libraries, its directory and its processes)")
+        if self.landlock:
+            layers.append(f"writes only inside its directory (Landlock ABI {self.landlock})")
+        elif self.bubblewrap:
+            # bubblewrap binds only the directory writable (and a private /tmp); everything else it sees is read-only.
+            layers.append("no Landlock: writes only inside its directory and a private /tmp (bubblewrap's mounts)")
+        elif self.drop_privileges:
+            layers.append("no Landlock: it may also write in world-writable folders (emptied after it)")
+        else:
+            layers.append(
+                f"NO filesystem confinement (no Landlock, no privilege drop: the program runs as uid {os.geteuid()} "
+                "and can read, write and delete whatever this user can; allowed by allow_unconfined)"
+            )
         layers.append("no network (own network namespace)" if self.network else (
             "no TCP (Landlock)" if self.landlock >= 4 else "network NOT blocked"))
         where = self.base_dir or tempfile.gettempdir()
@@ -333,9 +322,15 @@ class Sandbox:
 
     def run(self, source: str, data: bytes = b"") -> SandboxResult:
         """Run `source` (its global `SANDBOX_INPUT` holds `data`) and return how it ended."""
-        result = self._run_raw(source, data, landlock=self.landlock, network=self.network)
-        if result.status == "exited" and result.returncode == SETUP_FAILED and "sandbox setup failed" in result.stderr:
-            raise SandboxError(result.stderr.strip().splitlines()[-1])
+        result, started = self._run_raw(
+            source, data, landlock=self.landlock, network=self.network, drop=self.drop_privileges,
+            bubblewrap=self.bubblewrap,
+        )
+        if not started and result.status != "timeout":
+            lines = result.stderr.strip().splitlines()
+            raise SandboxError(
+                lines[-1] if lines else f"the sandbox could not start a program (exit {result.returncode})"
+            )
         return result
 
     def map(self, jobs: Iterable[tuple[str, bytes]]) -> Iterator[tuple[int, SandboxResult]]:
@@ -383,47 +378,68 @@ class Sandbox:
         for pid in live:
             _kill_group(pid)
 
-    def _run_raw(self, source: str, data: bytes, landlock: int, network: bool) -> SandboxResult:
+    def _run_raw(
+        self, source: str, data: bytes, landlock: int, network: bool, drop: bool = False, bubblewrap: str | None = None,
+    ) -> tuple[SandboxResult, bool]:
+        """Run one program with the given layers: its result, and whether the child put every layer in place and
+        started it (it says so on a pipe it closes before the program runs)."""
         limits = self.limits
-        workdir = tempfile.mkdtemp(prefix="trl-emo-sandbox-", dir=self.base_dir)
-        os.chmod(workdir, 0o700)
-        marker = secrets.token_hex(12)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "HOME": workdir,
-            "TMPDIR": workdir,
-            "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONIOENCODING": "utf-8",
-            MARKER_VARIABLE: marker,
-        }
-        encoded = source.encode("utf-8")
-        blob = str(len(encoded)).encode() + b"\n" + encoded + data
-        fd = _anonymous_file(blob)
-        flags = ("l" if landlock else "") + ("n" if network else "") or "-"
-        numbers = ",".join(
-            str(v) for v in (
-                limits.cpu_seconds, limits.memory_mb << 20, limits.file_size_mb << 20, limits.open_files,
-                limits.processes, landlock,
-            )
-        )
-        python_flags = ["-s", "-S"] + (["-P"] if sys.version_info >= (3, 11) else [])
-        argv = [
-            sys.executable, *python_flags, "-c", _BOOTSTRAP, str(fd), flags, numbers, workdir,
-            "\n".join(self._read_dirs), "\n".join(_READ_FILES),
-        ]
-        started = time.monotonic()
+        uid = gid = lease = None
+        if drop:
+            uid, lease = _lease_uid(self.uids)
+            gid = uid
         process = None
+        swept = clean = False
+        ready_read = None
+        workdir = None
         try:
+            workdir = tempfile.mkdtemp(prefix="trl-emo-sandbox-", dir=self.base_dir)
+            os.chmod(workdir, 0o700)
+            if drop:
+                os.chown(workdir, uid, gid)
+            marker = secrets.token_hex(12)
+            env = {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+                "HOME": workdir,
+                "TMPDIR": workdir,
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONIOENCODING": "utf-8",
+                MARKER_VARIABLE: marker,
+            }
+            encoded = source.encode("utf-8")
+            blob = str(len(encoded)).encode() + b"\n" + encoded + data
+            fd = _anonymous_file(blob)
+            ready_read, ready_write = os.pipe()
+            os.set_blocking(ready_read, False)
+            # Under bubblewrap the network namespace is its own (--unshare-net).
+            flags = ("l" if landlock else "") + ("n" if network and not bubblewrap else "") + ("d" if drop else "")
+            numbers = ",".join(
+                str(v) for v in (
+                    limits.cpu_seconds, limits.memory_mb << 20, limits.file_size_mb << 20, limits.open_files,
+                    limits.processes, landlock, uid if drop else -1, gid if drop else -1,
+                )
+            )
+            python_flags = ["-s", "-S"] + (["-P"] if sys.version_info >= (3, 11) else [])
+            moves = self._moves if drop else []
+            argv = [
+                sys.executable, *python_flags, "-c", BOOTSTRAP, str(fd), str(ready_write), flags or "-", numbers,
+                workdir, "\n".join(self._read_dirs), "\n".join(_READ_FILES),
+                "\n".join(f"{old}\t{new}" for old, new in moves),
+            ]
+            if bubblewrap:
+                argv = bubblewrap_argv(bubblewrap, workdir, self._bubblewrap_dirs, _READ_FILES, network) + argv
+            started = time.monotonic()
             try:
                 process = subprocess.Popen(
                     argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, start_new_session=True, pass_fds=(fd,), close_fds=True,
+                    stderr=subprocess.PIPE, start_new_session=True, pass_fds=(fd, ready_write), close_fds=True,
                 )
             finally:
                 os.close(fd)
+                os.close(ready_write)
             with self._lock:
                 self._live[process.pid] = process
             start_ticks = _start_time(process.pid)
@@ -434,22 +450,47 @@ class Sandbox:
             _wait_unreaped(process.pid, time.monotonic() + 10)
             _kill_group(process.pid)
             returncode = process.wait()
-            _sweep(process.pid, marker, start_ticks)
+            clean = _sweep(process.pid, marker, start_ticks, uid)
+            swept = True
+            try:
+                ready = os.read(ready_read, 1) == b"1"
+            except BlockingIOError:
+                ready = False  # still setting up when it was killed
         finally:
             if process is not None:
+                if not swept:  # interrupted: nothing of this run may outlive it
+                    _kill_group(process.pid)
+                    if uid is not None:
+                        _kill_uid(uid)
                 with self._lock:
                     self._live.pop(process.pid, None)
                 for stream in (process.stdout, process.stderr):
                     stream.close()
-            _remove_tree(workdir)
+            if ready_read is not None:
+                os.close(ready_read)
+            if workdir is not None:
+                _remove_tree(workdir)
+            if uid is not None:
+                _remove_left_behind(uid)
+                # The uid is free for the next program once nothing of this one is left. A process that is never
+                # reaped (a PID 1 that does not reap orphans) keeps it leased, so it is not reused in this process.
+                # A setup that failed before the program started (no process) ran nothing as the uid.
+                if (swept and clean) or process is None:
+                    os.close(lease)
+                else:
+                    _RETIRED.append(lease)
+        if bubblewrap and 128 < returncode < 128 + signal.NSIG:
+            # bwrap reports its child's death by a signal as 128 + the signal number.
+            returncode = 128 - returncode
         if status == "exited" and returncode < 0:
             # SIGXCPU (or the SIGKILL past the hard limit) is the CPU-time limit: a timeout too.
             cpu_limit = returncode in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - started >= limits.cpu_seconds - 0.5
             status = "timeout" if cpu_limit else "signaled"
-        return SandboxResult(
+        result = SandboxResult(
             status=status, returncode=returncode, stdout=stdout.decode("utf-8", "replace"),
             stderr=stderr.decode("utf-8", "replace"), wall_time=time.monotonic() - started,
         )
+        return result, ready
 
     def _collect(self, process: subprocess.Popen, deadline: float) -> tuple[str, bytes, bytes]:
         """Read stdout and stderr as they come until the program exits (then what it wrote before exiting), the
@@ -504,109 +545,3 @@ class Sandbox:
         if status == "exited" and not _wait_unreaped(process.pid, deadline):
             status = "timeout"  # closed its output but kept running
         return status, bytes(tails[out]), bytes(tails[err])
-
-
-def _anonymous_file(blob: bytes) -> int:
-    """A readable fd holding `blob`, with no name in any directory (memfd, else an unlinked temporary file)."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("trl-emo-sandbox-input", os.MFD_CLOEXEC)
-    else:
-        handle = tempfile.TemporaryFile()
-        fd = os.dup(handle.fileno())
-        handle.close()
-    view = memoryview(blob)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _wait_unreaped(pid: int, deadline: float) -> bool:
-    """Wait until `pid` has exited without reaping it (so its pid stays ours); False at the deadline."""
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _proc_stat(pid: str) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state is [0], pgrp [2], session [3], starttime [19])."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    return text[text.rfind(b")") + 2 :].decode().split()
-
-
-def _start_time(pid: int) -> int:
-    fields = _proc_stat(str(pid))
-    return int(fields[19]) if fields else 0
-
-
-def _sweep(leader: int, marker: str, start_ticks: int) -> None:
-    """SIGKILL every process left in the program's session or group, or carrying its marker (a child that
-    started its own session); repeat until none is found (a dying process may have forked)."""
-    if not os.path.isdir("/proc"):
-        return
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    me = os.getpid()
-    for _ in range(10):
-        found = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == me:
-                continue
-            fields = _proc_stat(name)
-            if fields is None or fields[0] in ("Z", "X"):
-                continue
-            ours = int(fields[2]) == leader or int(fields[3]) == leader
-            if not ours and int(fields[19]) >= start_ticks:
-                try:
-                    with open(f"/proc/{name}/environ", "rb") as handle:
-                        ours = needle in handle.read()
-                except OSError:
-                    pass
-            if ours:
-                found = True
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if not found:
-            return
-        time.sleep(0.01)
-
-
-def _remove_tree(path: str) -> None:
-    """Delete a program's directory (its processes are dead by now), whatever modes it left on its folders.
-
-    Symlinks are removed, never followed; a program that replaced its own directory by a link loses the link only.
-    """
-    if os.path.islink(path):
-        os.unlink(path)
-        return
-    if not os.path.isdir(path):
-        return
-    # Without root, a folder the program made unreadable (chmod 000) would stop rmtree.
-    for root, dirs, _ in os.walk(path):
-        for name in dirs:
-            folder = os.path.join(root, name)
-            if not os.path.islink(folder):
-                try:
-                    os.chmod(folder, 0o700)
-                except OSError:
-                    pass
-    shutil.rmtree(path, ignore_errors=True)

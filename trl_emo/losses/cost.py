@@ -150,8 +150,12 @@ def load_cost_embedding(spec: str, trust_remote_code: bool = False) -> CostEmbed
         return CostEmbedding(_load_model_head(str(path), trust_remote_code), source=str(path))
     if kind != "hub":
         raise FileNotFoundError(f"EMO cost embedding not found: {spec}")
+    from ..hub_check import HubSource, hub_errors
+
     try:
-        return CostEmbedding(_load_model_head(spec, trust_remote_code), source=spec)
+        # Offline and not cached, unreachable, gated, not found: one line naming `emo_cost_embedding`.
+        with hub_errors(HubSource("emo_cost_embedding", spec)):
+            return CostEmbedding(_load_model_head(spec, trust_remote_code), source=spec)
     except OSError as exc:
         raise FileNotFoundError(
             f"EMO cost embedding {spec!r} is neither a local file/folder nor a loadable model id: {exc}"

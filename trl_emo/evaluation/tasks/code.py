@@ -31,8 +31,8 @@ from .base import EvalTask, GenerationPlan, ModelRun
 from .common import response_rows, response_stats, sampling_settings, sampling_text
 
 CODE_FIELDS = (
-    "allow_code_execution", "code_execution_timeout", "code_execution_memory_mb", "code_execution_workers",
-    "code_prompt", "code_k_values",
+    "allow_code_execution", "allow_unconfined_code_execution", "code_execution_timeout", "code_execution_memory_mb",
+    "code_execution_workers", "code_prompt", "code_k_values",
 )
 CODE_PROMPTS = ("magicoder", "policy")
 DEFAULT_CODE_K = (1, 10, 20, 50, 100)
@@ -100,8 +100,9 @@ class CodeTask(EvalTask):
 
     @classmethod
     def check_config(cls, config) -> None:
-        if not isinstance(config.allow_code_execution, bool):
-            raise ConfigError(f"allow_code_execution must be true or false; got {config.allow_code_execution!r}.")
+        for name in ("allow_code_execution", "allow_unconfined_code_execution"):
+            if not isinstance(getattr(config, name), bool):
+                raise ConfigError(f"{name} must be true or false; got {getattr(config, name)!r}.")
         try:
             config.code_execution_timeout = float(config.code_execution_timeout)
         except (TypeError, ValueError):
@@ -132,8 +133,13 @@ class CodeTask(EvalTask):
     def check(self) -> None:
         if not self.config.allow_code_execution:
             raise EvaluationError(OPT_IN.format(task=self.name))
-        # Find out now, not after hours of generation, whether programs can run here.
-        probe = self.sandbox().run("print(6 * 7)")
+        # Find out now, not after hours of generation, whether programs can run here (and may: `UnconfinedError`).
+        from ..sandbox import SandboxError
+
+        try:
+            probe = self.sandbox().run("print(6 * 7)")
+        except SandboxError as exc:
+            raise EvaluationError(str(exc)) from None
         if not probe.ok or probe.stdout.strip() != "42":
             raise EvaluationError(
                 f"The code sandbox does not work on this machine ({probe.status}, exit {probe.returncode}): "
@@ -147,7 +153,10 @@ class CodeTask(EvalTask):
             limits = SandboxLimits(
                 timeout=self.config.code_execution_timeout, memory_mb=self.config.code_execution_memory_mb
             )
-            self._sandbox = Sandbox(limits, workers=self.config.code_execution_workers)
+            self._sandbox = Sandbox(
+                limits, workers=self.config.code_execution_workers,
+                allow_unconfined=self.config.allow_unconfined_code_execution,
+            )
         return self._sandbox
 
     # ------------------------------------------------------------------ examples and prompts
