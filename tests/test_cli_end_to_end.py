@@ -177,3 +177,35 @@ def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
     assert demo.run(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
                       "--max_new_tokens", "8"]) == 0
     assert "reusing the finished run" in capsys.readouterr().out
+
+
+def test_demo_fine_tunes_a_pretrained_model_with_lora_beside_the_untrained_one(tmp_path, capsys):
+    """`--model`: the `demo_pretrained` recipe (LoRA, the model's chat template), and a `base` column."""
+    from conftest import CORPUS
+    from trl_emo import demo
+    from trl_emo.tiny import save_tiny_causal_lm
+
+    model = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "pretrained", vocab_size=320, hidden_size=32,
+                                intermediate_size=64)
+    out = tmp_path / "demo"
+    assert demo.run(["--model", model, "--quick", "--output_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = [line.split() for line in printed.splitlines() if line.split()[-3:] == ["base", "nll", "gem"]]
+    assert header, printed  # the table's header: the untrained model's column first
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["results"]) == ["base", "nll", "gem"] and summary["model"] == model
+    for loss in ("nll", "gem"):
+        assert (out / loss / "adapter_config.json").is_file()  # LoRA, from the recipe
+        assert summary["results"][loss]["held_out_cross_entropy"] != summary["results"]["base"]["held_out_cross_entropy"]
+    assert summary["training_seconds"]["base"] is None
+
+
+def test_demo_model_errors_are_one_line(tmp_path, capsys):
+    from trl_emo import demo
+
+    assert demo.run(["--model", "nobody/not-cached-model", "--quick", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model: 'nobody/not-cached-model'" in err[0] and "HF_HUB_OFFLINE" in err[0]
+    assert demo.run(["--model", str(tmp_path / "missing.gguf"), "--quick", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GGUF file not found" in err[0]

