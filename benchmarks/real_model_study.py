@@ -379,13 +379,9 @@ def main(argv=None) -> dict:
     if args.from_results:
         return rewrite_report(args)
     start = time.time()
-    from trl_emo.sources import looks_like_path
+    from trl_emo.hub_check import offline_unless_hub
 
-    if args.model is None or looks_like_path(args.model) or Path(args.model).exists():
-        # Nothing needs the Hub (the packaged GGUF, a local folder): offline, so that no library waits on a network
-        # it cannot reach. A Hub id given with `--model` keeps the user's own setting.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    offline_unless_hub(args.model)  # the packaged GGUF or a local folder need no Hub
     if args.threads:
         import torch
 

@@ -315,3 +315,15 @@ def test_icl_benchmarks_from_the_hub_are_each_checked():
     datasets = [s for s in hub_check.eval_sources(config) if s.repo_type == "dataset"]
     assert len(datasets) == 8 and all(s.field.startswith("prompts (icl benchmark ") for s in datasets)
     assert not any(s.repo_id == "hub" for s in hub_check.eval_sources(config))
+
+
+def test_a_command_defaults_to_offline_only_when_nothing_it_names_needs_the_hub(tmp_path, monkeypatch):
+    from trl_emo.hub_check import offline_unless_hub
+
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(variable, "")  # recorded, so the value the function sets is undone after the test
+        monkeypatch.delenv(variable)
+    offline_unless_hub("someone/some-model", str(tmp_path))  # a Hub id: the user's own setting stays (unset)
+    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ
+    offline_unless_hub(None, str(tmp_path), str(tmp_path / "model.gguf"))  # nothing, a folder, a (missing) file
+    assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"

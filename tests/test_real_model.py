@@ -61,18 +61,10 @@ def test_the_converted_model_is_smollm2_with_a_tied_head_and_chatml(real_model_p
 
 def _batch(tokenizer):
     """Two conversations of different lengths, prompt masked, as TRL's collator pads them."""
-    from trl_emo.heldout import prepare_rows
+    from trl_emo.heldout import pad_batch, prepare_rows
 
     rows = [{"query": q, "response": a} for q, a in zip(QUESTIONS[:2], ANSWERS[:2])]
-    examples = prepare_rows(rows, tokenizer, "metamath", "chat_template", max_length=128)
-    width = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((2, width), tokenizer.pad_token_id)
-    labels = torch.full((2, width), -100)
-    mask = torch.zeros((2, width), dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(e["input_ids"]), torch.tensor(e["labels"]), 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return pad_batch(prepare_rows(rows, tokenizer, "metamath", "chat_template", max_length=128), tokenizer.pad_token_id)
 
 
 @pytest.fixture(scope="module")

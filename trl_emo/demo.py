@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -188,13 +187,10 @@ def main(args) -> int:
     """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
     from .noise import quiet_optional_packages
     from .recipe_catalog import RecipeNotFound
-    from .sources import looks_like_path
+    from .hub_check import offline_unless_hub
 
     quiet_optional_packages()
-    if args.model is None or looks_like_path(args.model) or Path(args.model).exists():
-        # Nothing of the run needs the Hub (the tiny model, a local folder or .gguf file): offline, so that no library
-        # waits on a network it cannot reach. A Hub id given with `--model` keeps the user's own setting.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    offline_unless_hub(args.model)  # the tiny model, a local folder or .gguf file need no Hub
     try:
         args = resolve_settings(args)
     except RecipeNotFound as exc:

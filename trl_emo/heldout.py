@@ -35,11 +35,28 @@ def prepare_rows(rows: Sequence[dict], tokenizer, schema: str, prompt_format: st
     return [{"input_ids": list(row["input_ids"]), "labels": list(row["labels"])} for row in prepared]
 
 
+def pad_batch(examples: Sequence[dict], pad_token_id: int = 0) -> dict:
+    """`examples` (from `prepare_rows`) right-padded into `input_ids`, `attention_mask` and `labels` tensors (-100 on
+    the padding, so it never counts)."""
+    import torch
+
+    width = max(len(row["input_ids"]) for row in examples)
+    ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, row in enumerate(examples):
+        n = len(row["input_ids"])
+        ids[i, :n] = torch.tensor(row["input_ids"])
+        labels[i, :n] = torch.tensor(row["labels"])
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 def heldout_statistics(model, examples: Sequence[dict], batch_size: int = 16, pad_token_id: int = 0) -> dict:
     """Token-weighted means over the target tokens of `examples` (from `prepare_rows`): `cross_entropy` (nats),
     `entropy` of the next-token distribution (nats), `accuracy` (top-1, %), and `tokens` (the count).
 
-    Batches are right-padded; padded positions carry no label, so they never count."""
+    Batches are right-padded (`pad_batch`); padded positions carry no label, so they never count."""
     import torch
 
     from .losses import select_targets, token_statistics
@@ -54,18 +71,10 @@ def heldout_statistics(model, examples: Sequence[dict], batch_size: int = 16, pa
     try:
         with torch.no_grad():
             for start in range(0, len(examples), batch_size):
-                batch = examples[start : start + batch_size]
-                width = max(len(row["input_ids"]) for row in batch)
-                ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-                labels = torch.full((len(batch), width), -100, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for i, row in enumerate(batch):
-                    n = len(row["input_ids"])
-                    ids[i, :n] = torch.tensor(row["input_ids"])
-                    labels[i, :n] = torch.tensor(row["labels"])
-                    mask[i, :n] = 1
-                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1].float()
-                targets, valid = select_targets(labels.to(device))
+                batch = pad_batch(examples[start : start + batch_size], pad_token_id)
+                logits = model(input_ids=batch["input_ids"].to(device),
+                               attention_mask=batch["attention_mask"].to(device)).logits[:, :-1].float()
+                targets, valid = select_targets(batch["labels"].to(device))
                 stats = token_statistics(logits[valid], targets[valid])
                 totals += torch.stack([stats["nll"].sum(), stats["entropy"].sum(), stats["is_top1"].sum()]).double().cpu()
                 count += int(valid.sum())

@@ -12,7 +12,8 @@ be had, transformers and datasets end in a long traceback that does not say whic
   `HF_HUB_ETAG_TIMEOUT`) and, for a gated repository, `auth_check`. Raises `HubAccessError`.
 - `hub_errors(sources)`: the same error for a Hub failure that surfaces later, while loading (transformers' and
   datasets' errors keep huggingface_hub's exception as their cause).
-- `check_hub_ids({field: id})`: the preflight for a command with its own options (`trl-emo demo --model`).
+- `check_hub_ids({field: id})`: the preflight for a command with its own options (`trl-emo demo --model`);
+  `offline_unless_hub(*ids)` sets offline mode for such a command when none of its ids needs the Hub.
 
 The commands print `HubAccessError` as one line on stderr and exit with status 2 (`trl_emo.cli_utils.run_command`
 does it for any command's `main`).
@@ -229,6 +230,16 @@ def eval_sources(config) -> list[HubSource]:
 
 
 # -- checking them ------------------------------------------------------------------------------------------------------
+
+
+def offline_unless_hub(*names: str | None) -> None:
+    """Default to offline mode (`HF_HUB_OFFLINE`, `HF_DATASETS_OFFLINE`) when none of `names` is a Hub id (by
+    `trl_emo.sources.locate`'s rule): nothing of the run needs the Hub, so no library waits on a network it cannot
+    reach. A Hub id among them keeps the user's own setting. Call it before huggingface_hub is imported (it reads the
+    variables once)."""
+    if not any(_hub_id(name) for name in names):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def is_offline() -> bool:
