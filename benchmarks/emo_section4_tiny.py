@@ -62,9 +62,9 @@ def main(argv=None) -> int:
 
     from transformers import GPT2Config, GPT2Model
 
-    from trl_emo import sft
-    from trl_emo.evaluation.cli import run as evaluate
-    from trl_emo.tiny import save_tiny_causal_lm, train_tokenizer
+    from trl_emo.commands import sft
+    from trl_emo.commands.evaluate import run as evaluate
+    from trl_emo.models.tiny import save_tiny_causal_lm, train_tokenizer
 
     corpus = root / "wikitext-tiny"
     splits = {"train": 60, "validation": 6, "test": 12}

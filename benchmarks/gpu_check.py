@@ -381,7 +381,7 @@ def worker_kernels() -> dict:
     """Every registered row kernel on a small CUDA problem against the PyTorch path (bf16)."""
     import torch
 
-    from trl_emo.config import loss_defaults
+    from trl_emo.training.config import loss_defaults
     from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss, list_losses
     from trl_emo.losses.asft import ReferenceHead
     from trl_emo.losses.fused import resolve_backend

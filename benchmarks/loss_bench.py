@@ -67,7 +67,7 @@ LOSS_VARIANTS = {
 
 
 def loss_args(variant: str) -> tuple[str, dict]:
-    from trl_emo.config import loss_defaults
+    from trl_emo.training.config import loss_defaults
 
     name, overrides = LOSS_VARIANTS[variant]
     return name, {**loss_defaults(name), **overrides}

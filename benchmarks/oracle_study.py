@@ -279,7 +279,7 @@ def _run_study(args, work: Path) -> dict:
 
     from benchmarks.oracle import lm, report, students
     from benchmarks.oracle.evaluate import evaluate, prompts_from
-    from trl_emo.tiny import build_tiny_model
+    from trl_emo.models.tiny import build_tiny_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -9,7 +9,7 @@ so that overfitting can show. Each (loss, seed) run serves three tasks:
    temperature 1.0 on held-out problems, through `trl_emo.evaluate`'s GSM8K scoring (task `bon`, gold answers);
 2. diversity (GEM Table 2): poems and stories on our own titles, through `task: creative` (n-gram, self-BLEU and
    Sentence-BERT diversity);
-3. overfitting: held-out cross-entropy and entropy after each epoch (`trl_emo.heldout`, one code path for every
+3. overfitting: held-out cross-entropy and entropy after each epoch (`trl_emo.training.heldout`, one code path for every
    loss).
 
 The base model, untrained, is measured the same way. Every stage is cached in `--output_dir` (a finished run, its
@@ -181,7 +181,7 @@ def train(run: str, seed: int, model: str, data: Path, out: Path, args, extra: d
     """Fine-tune through `trl_emo.sft`, as a user runs it; reuse a finished run with the same recipe."""
     import yaml
 
-    from trl_emo import sft
+    from trl_emo.commands import sft
 
     run_dir = out / "runs" / f"{prefix}{run}-s{seed}"
     recipe = recipe_for(run, seed, model, data, run_dir, args, extra)
@@ -213,7 +213,7 @@ def epoch_statistics(run_dir: Path, examples: list[dict], tokenizer) -> list[dic
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trl_emo.heldout import heldout_statistics
+    from trl_emo.training.heldout import heldout_statistics
 
     # Named by the rows measured: another held-out set (other sizes) is not read from this one's cache.
     cache = run_dir / f"epochs-{rows_key(examples)}.json"
@@ -322,7 +322,7 @@ def base_statistics(model_path: str, tokenizer, heldout: list[dict], train_examp
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trl_emo.heldout import heldout_statistics
+    from trl_emo.training.heldout import heldout_statistics
 
     # Named by the model and the rows: another model or other sizes never read this one's numbers.
     # (The rows are tokenized by the model's tokenizer; the model's folder name holds its conversion key.)
@@ -340,7 +340,7 @@ def base_statistics(model_path: str, tokenizer, heldout: list[dict], train_examp
 
 def lr_sweep(args, model_path: str, data: Path, out: Path, tokenizer, splits) -> dict:
     """nll, seed 0, at each learning rate: validation greedy accuracy and cross-entropy after the last epoch."""
-    from trl_emo.heldout import heldout_statistics, prepare_rows
+    from trl_emo.training.heldout import heldout_statistics, prepare_rows
 
     validation = prepare_rows(splits["validation"][: args.heldout_rows], tokenizer, "metamath", "chat_template", 256)
     results = {}
@@ -379,26 +379,27 @@ def main(argv=None) -> dict:
     if args.from_results:
         return rewrite_report(args)
     start = time.time()
-    from trl_emo.hub_check import offline_unless_hub
+    from trl_emo.core.hub import offline_unless_hub
 
     offline_unless_hub(args.model)  # the packaged GGUF or a local folder need no Hub
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    from trl_emo.noise import quiet_optional_packages
+    from trl_emo.core.noise import quiet_optional_packages
 
     quiet_optional_packages()
-    from trl_emo.hub_check import HubAccessError, check_hub_ids
-    from trl_emo.real_model import RealModelUnavailable, resolve_model
+    from trl_emo.core.errors import HubAccessError
+    from trl_emo.models.hub_ids import check_hub_ids
+    from trl_emo.models.real_model import RealModelUnavailable, resolve_model
 
     try:
         check_hub_ids({"--model": args.model})  # offline and not cached, gated, not found: one line, before any work
         model_path = resolve_model(args.model)
     except (HubAccessError, RealModelUnavailable, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"real_model_study: error: {exc}") from None
-    from trl_emo.heldout import prepare_rows
-    from trl_emo.sources import load_tokenizer
+    from trl_emo.training.heldout import prepare_rows
+    from trl_emo.models.sources import load_tokenizer
 
     out = Path(args.output_dir)
     data = out / "data"

@@ -44,14 +44,14 @@ EVAL_TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, nu
 
 def save_eval_policy(output_dir, seed: int = 0) -> str:
     """A tiny policy of the evaluation tests, saved with its tokenizer."""
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     return save_tiny_causal_lm(EVAL_TEXTS, output_dir=output_dir, vocab_size=300, seed=seed, **EVAL_TINY)
 
 
 def save_eval_reward_model(output_dir) -> str:
     """A tiny reward model of the evaluation tests (its own tokenizer, a different vocabulary from the policies')."""
-    from trl_emo.tiny import build_tiny_reward_model, train_tokenizer
+    from trl_emo.models.tiny import build_tiny_reward_model, train_tokenizer
 
     tokenizer = train_tokenizer(EVAL_TEXTS[:3], vocab_size=280)
     build_tiny_reward_model(tokenizer, seed=2, **EVAL_TINY).save_pretrained(output_dir)
@@ -71,7 +71,7 @@ def write_eval_recipe(output_dir, values: dict, **overrides) -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from trl_emo.tiny import train_tokenizer
+    from trl_emo.models.tiny import train_tokenizer
 
     return train_tokenizer(CORPUS, vocab_size=320)
 
@@ -79,14 +79,14 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def base_tokenizer():
     """A tokenizer without a chat template (the Alpaca-prompt path)."""
-    from trl_emo.tiny import train_tokenizer
+    from trl_emo.models.tiny import train_tokenizer
 
     return train_tokenizer(CORPUS, vocab_size=320, chat_template=False)
 
 
 @pytest.fixture
 def make_model(tokenizer):
-    from trl_emo.tiny import build_tiny_model
+    from trl_emo.models.tiny import build_tiny_model
 
     def make(seed: int = 0, **config):
         config.setdefault("hidden_size", 32)

@@ -6,7 +6,7 @@ Looping over the registry means a new loss is tested by `test_fused.py` and
 
 from __future__ import annotations
 
-from trl_emo.config import loss_defaults
+from trl_emo.training.config import loss_defaults
 from trl_emo.losses import get_loss, list_losses
 
 # Settings other than the defaults that exercise other branches of a kernel.

@@ -56,7 +56,7 @@ def test_a_separate_reference_model_and_its_vocabulary(tmp_path, make_model, tok
     trainer.train()
     assert _losses(trainer, "ref_kl")[0] > 1e-3  # another model: not zero from the start
 
-    from trl_emo.tiny import build_tiny_model, train_tokenizer
+    from trl_emo.models.tiny import build_tiny_model, train_tokenizer
 
     other = train_tokenizer(["a b c d e f g h"] * 4, vocab_size=64)
     build_tiny_model(other, hidden_size=32, intermediate_size=64).save_pretrained(str(tmp_path / "small"))
@@ -82,7 +82,7 @@ def test_a_separate_reference_is_refused_where_it_would_not_be_sharded(setup):
     naming the ways out, before anything is copied (DeepSpeed's own tests run ASFT with LoRA under ZeRO-3)."""
     from types import SimpleNamespace
 
-    from trl_emo.reference import ReferenceModel
+    from trl_emo.training.reference import ReferenceModel
 
     plugin = SimpleNamespace(zero_stage=3)
     trainer = SimpleNamespace(

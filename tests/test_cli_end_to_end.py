@@ -15,7 +15,7 @@ import torch
 
 from conftest import CORPUS, free_port, launch_failure
 from data_fixtures import write_fixture
-from trl_emo import cli, dpo, sft
+from trl_emo.commands import main as cli, dpo, sft
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = str(ROOT / "recipes" / "demo.yaml")
@@ -23,7 +23,7 @@ DEMO_RECIPE = str(ROOT / "recipes" / "demo.yaml")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("e2e")
     return {
@@ -69,7 +69,7 @@ def test_qlora_recipe_trains_on_cpu(tmp_path, tiny):
 
 SLOW_SFT = """
 import sys, time
-import trl_emo.trainer as t
+import trl_emo.training.trainer as t
 step = t.SFTTrainer.training_step
 def slow(self, *a, **k):
     time.sleep(0.4)  # leave the test time to kill the run mid-training
@@ -162,7 +162,7 @@ def test_console_script_dispatch(capsys):
 
 
 def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
-    from trl_emo import demo
+    from trl_emo.commands import demo
 
     assert demo.run(["--output_dir", str(tmp_path), "--max_steps", "3", "--num_prompts", "2", "--samples_per_prompt", "2",
                       "--max_new_tokens", "8"]) == 0
@@ -182,8 +182,8 @@ def test_demo_runs_offline_and_prints_the_comparison(tmp_path, capsys):
 def test_demo_fine_tunes_a_pretrained_model_with_lora_beside_the_untrained_one(tmp_path, capsys):
     """`--model`: the `demo_pretrained` recipe (LoRA, the model's chat template), and a `base` column."""
     from conftest import CORPUS
-    from trl_emo import demo
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.commands import demo
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     model = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "pretrained", vocab_size=320, hidden_size=32,
                                 intermediate_size=64)
@@ -201,7 +201,7 @@ def test_demo_fine_tunes_a_pretrained_model_with_lora_beside_the_untrained_one(t
 
 
 def test_demo_model_errors_are_one_line(tmp_path, capsys):
-    from trl_emo import demo
+    from trl_emo.commands import demo
 
     assert demo.run(["--model", "nobody/not-cached-model", "--quick", "--output_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

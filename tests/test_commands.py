@@ -1,5 +1,5 @@
 """The commands in TRL's script shape: `make_parser(subparsers=None)` and `main(parsed args)`, the final configuration
-resolved in one function (`trl_emo.run_config`) and printed by `--dry_run`."""
+resolved in one function (`trl_emo.commands.run_config`) and printed by `--dry_run`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 
 from conftest import CORPUS
 from data_fixtures import write_fixture
-from trl_emo import demo, dpo, sft
-from trl_emo.evaluation import cli as eval_cli
+from trl_emo.commands import demo, dpo, sft
+from trl_emo.commands import evaluate as eval_cli
 
 
 @pytest.fixture(scope="module")
 def dry_run_argv(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("commands")
     model = save_tiny_causal_lm(CORPUS, output_dir=root / "chat", vocab_size=320, hidden_size=32, intermediate_size=64)
@@ -24,7 +24,7 @@ def dry_run_argv(tmp_path_factory):
 
 
 def test_every_command_registers_in_a_parent_parser_like_trls_scripts(dry_run_argv, capsys):
-    from trl_emo.cli_parser import CommandParser
+    from trl_emo.commands.parser import CommandParser
 
     parser = argparse.ArgumentParser(prog="my-tool")
     subparsers = parser.add_subparsers(dest="command", parser_class=CommandParser)
@@ -43,7 +43,7 @@ def test_main_takes_the_parsed_command_line(dry_run_argv):
 
 
 def test_the_final_configuration_is_resolved_in_one_place_and_printed(dry_run_argv, capsys):
-    from trl_emo.run_config import resolve_sft_run
+    from trl_emo.commands.run_config import resolve_sft_run
 
     args = sft.make_parser().parse_command_line(dry_run_argv)
     _, training_args, _, _, _ = args.values

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import trl_emo
+import trl_emo.training.config
 from trl_emo import SFTConfig
 from trl_emo.losses import UnknownLossError, get_loss, list_losses, register_loss, unregister_loss
 
@@ -46,7 +47,7 @@ def test_paper_defaults(tmp_path):
 
 def test_every_new_field_is_documented():
     doc = SFTConfig.__doc__
-    new_fields = set(f.name for f in dataclasses.fields(SFTConfig)) - set(f.name for f in dataclasses.fields(trl_emo.config._TRLSFTConfig))
+    new_fields = set(f.name for f in dataclasses.fields(SFTConfig)) - set(f.name for f in dataclasses.fields(trl_emo.training.config._TRLSFTConfig))
     assert new_fields >= {"gem_beta", "gem_h", "emo_cost_embedding", "emo_weighting", "emo_demd", "emo_ratio_cap",
                           "tailr_gamma", "tailr_min_weight", "mixce_gamma", "entropy_coef", "loss_implementation", "fused_chunk_size", "loss_kwargs"}
     for name in new_fields | {"loss_type"}:
@@ -131,7 +132,7 @@ def test_installed_plugins_register_through_their_entry_points(tmp_path, monkeyp
     """A package's entry point in `trl_emo.losses` / `trl_emo.evaluation_tasks` is imported once, on first lookup."""
     import importlib.metadata
 
-    from trl_emo import plugins
+    from trl_emo.core import plugins
     from trl_emo.evaluation.tasks import task_names
 
     (tmp_path / "third_party_plugin.py").write_text(
@@ -170,3 +171,25 @@ def test_installed_plugins_register_through_their_entry_points(tmp_path, monkeyp
 
         tasks._TASKS.pop("plugin_task", None)
         sys.modules.pop("third_party_plugin", None)
+
+
+def test_each_loss_default_is_written_once_and_documented_as_it_is():
+    """`LossSpec.defaults` is the one place a built-in loss's defaults are written: `SFTConfig`'s fields take them, and
+    its docstring states the same values (a changed default that the documentation still contradicts fails here)."""
+    fields = {f.name: f for f in dataclasses.fields(SFTConfig)}
+    doc = SFTConfig.__doc__
+    checked = 0
+    for name in list_losses(include_trl=False):
+        spec = get_loss(name)
+        assert set(spec.defaults) == set(spec.config_fields), name
+        for keyword, attr in spec.config_fields.items():
+            default = spec.defaults[keyword]
+            assert fields[attr].default == default, (name, attr)
+            entry = doc.split(f"\n        {attr} (", 1)[1].split("\n", 1)[0]
+            if default is None:
+                assert "defaults to" not in entry, (attr, entry)
+            else:
+                shown = f'"{default}"' if isinstance(default, str) else repr(default)
+                assert f"defaults to `{shown}`" in entry, (attr, entry)
+            checked += 1
+    assert checked >= 14

@@ -18,7 +18,7 @@ from trl_emo.data import (
     resolve_source,
 )
 from trl_emo.data.loading import looks_like_path
-from trl_emo.tiny import train_tokenizer
+from trl_emo.models.tiny import train_tokenizer
 
 CORPUS = ["Below is an instruction. Describe a red cat. Add the numbers 1 + 2 = 3."] * 4
 

@@ -14,7 +14,7 @@ from datasets import Dataset
 
 from data_fixtures import fixture_rows
 from trl_emo.data import format_example, format_preference_example
-from trl_emo.tiny import END_OF_TURN, build_tiny_model, train_tokenizer
+from trl_emo.models.tiny import END_OF_TURN, build_tiny_model, train_tokenizer
 
 trl = pytest.importorskip("trl")
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from trl_emo.data import DataArguments, alpaca_prompt, alpaca_sample_path, load_sft_datasets
 from trl_emo.data.make_samples import make_rows, render
-from trl_emo.tiny import train_tokenizer
+from trl_emo.models.tiny import train_tokenizer
 
 
 def read_sample():

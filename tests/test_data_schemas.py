@@ -129,7 +129,7 @@ def test_an_instruction_schema_is_one_declaration(tmp_path):
 
     from trl_emo.data import Column, Schema, load_sft_datasets, register_schema, unregister_schema
     from trl_emo.data.schemas import INSTRUCTION
-    from trl_emo.tiny import train_tokenizer
+    from trl_emo.models.tiny import train_tokenizer
 
     dolly = Schema(
         name="dolly",

@@ -45,7 +45,7 @@ def _env():
 def single_process(tmp_path_factory):
     """The reference: one process, per-device batch 4, for each loss (computed once)."""
     from conftest import CORPUS
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("dist")
     model_dir = save_tiny_causal_lm(CORPUS, output_dir=root / "model", vocab_size=320, hidden_size=32, intermediate_size=64)
@@ -146,7 +146,7 @@ def test_end_of_a_distributed_command_keeps_its_last_barrier(tmp_path):
 def test_end_of_a_one_process_command_waits_through_accelerate():
     from types import SimpleNamespace
 
-    from trl_emo import run_config
+    from trl_emo.commands import run_config
 
     calls = []
     accelerator = SimpleNamespace(wait_for_everyone=lambda: calls.append("wait"), end_training=lambda: calls.append("end"))

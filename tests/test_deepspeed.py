@@ -118,7 +118,7 @@ def deepspeed_cpu():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("deepspeed")
     model = save_tiny_causal_lm(CORPUS, output_dir=root / "model", vocab_size=320, hidden_size=32, intermediate_size=64)
@@ -233,7 +233,7 @@ def test_shipped_zero3_config_trains_through_the_sft_command(tmp_path, deepspeed
     from transformers import AutoModelForCausalLM
 
     from data_fixtures import write_fixture
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     # A 320 x 320 head (102,400 elements) is above DeepSpeed's default persistence threshold (1e5):
     # with the shipped settings the head is partitioned and the loss has to gather it.

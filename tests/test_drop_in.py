@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 
 import trl_emo
 from conftest import conversation_rows, prompt_completion_rows
-from trl_emo.tiny import build_tiny_model
+from trl_emo.models.tiny import build_tiny_model
 
 STEPS = 2
 BASE = dict(

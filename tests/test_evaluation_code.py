@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the code sandbox targets Linux")
 
 from trl_emo.evaluation import code_execution, generation, metrics  # noqa: E402
-from trl_emo.evaluation.cli import run  # noqa: E402
+from trl_emo.commands.evaluate import run  # noqa: E402
 from trl_emo.evaluation.code_execution import (  # noqa: E402
     MAGICODER_PROMPT, CodeJob, extract_code, humaneval_problem, mbpp_problem, run_checks, sanitize,
 )

@@ -10,14 +10,15 @@ import sys
 import pytest
 import torch
 
-from trl_emo.cli_utils import ConfigError
+from trl_emo.core.errors import ConfigError
 from trl_emo.evaluation.cache import JsonlCache
-from trl_emo.evaluation.config import EvalConfig, EvaluationError
+from trl_emo.evaluation.config import EvalConfig
+from trl_emo.evaluation.errors import EvaluationError
 from trl_emo.evaluation.generation import HFGenerator, VLLM_MISSING, import_vllm, plan_batches, stop_token_ids
 from trl_emo.data.prompts import alpaca_prompt
 from trl_emo.evaluation.prompts import load_prompt_set, render_policy_prompt
 from trl_emo.evaluation.scoring import RewardModel
-from trl_emo.tiny import END_OF_TURN, build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
+from trl_emo.models.tiny import END_OF_TURN, build_tiny_reward_model, save_tiny_causal_lm, train_tokenizer
 
 from conftest import EVAL_TEXTS as TEXTS, EVAL_TINY as TINY
 from data_fixtures import write_jsonl

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import EVAL_TINY as TINY
 from data_fixtures import fixture_rows
-from trl_emo.cli_utils import ConfigError
+from trl_emo.core.errors import ConfigError
 from trl_emo.evaluation import generation
-from trl_emo.evaluation.cli import run
+from trl_emo.commands.evaluate import run
 from trl_emo.evaluation.config import EvalConfig
 from trl_emo.evaluation.tasks.continuation import ContinuationTask, join_continuation, repetition_rate, text_metrics
 
@@ -55,7 +55,7 @@ def test_text_metrics():
 def assets(tmp_path_factory):
     from transformers import GPT2Config, GPT2Model
 
-    from trl_emo.tiny import save_tiny_causal_lm, train_tokenizer
+    from trl_emo.models.tiny import save_tiny_causal_lm, train_tokenizer
 
     root = tmp_path_factory.mktemp("continuation")
     rows = fixture_rows("plain_text", 28, split="test")  # 4 WikiText-like articles, 8 paragraphs

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trl_emo.evaluation import generation, metrics
-from trl_emo.evaluation.cli import run
+from trl_emo.commands.evaluate import run
 
 from conftest import require_minilm, save_eval_policy
 from data_fixtures import write_jsonl

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from trl_emo.evaluation import generation, scoring
-from trl_emo.evaluation.cli import run
+from trl_emo.commands.evaluate import run
 
 from conftest import require_minilm, save_eval_policy, save_eval_reward_model, write_eval_recipe
 from data_fixtures import write_jsonl

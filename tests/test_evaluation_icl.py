@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import EVAL_TEXTS, EVAL_TINY as TINY, require_minilm
-from trl_emo.cli_utils import ConfigError
+from trl_emo.core.errors import ConfigError
 from trl_emo.evaluation import icl_data, likelihood
-from trl_emo.evaluation.cli import run
+from trl_emo.commands.evaluate import run
 from trl_emo.evaluation.config import EvalConfig
 from trl_emo.evaluation.icl_data import BENCHMARKS, candidate_prompts, top_k_similar
 
@@ -62,7 +62,7 @@ def test_exact_top_k_retrieval_most_similar_first_and_faiss_agrees():
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("icl")
     data = root / "data"

@@ -13,7 +13,7 @@ pytest.importorskip("lm_eval", reason="the `ifeval` extra (lm-eval[ifeval]) is n
 nltk = pytest.importorskip("nltk", reason="the `ifeval` extra (lm-eval[ifeval]) is not installed")
 
 from trl_emo.evaluation import generation  # noqa: E402
-from trl_emo.evaluation.cli import run  # noqa: E402
+from trl_emo.commands.evaluate import run  # noqa: E402
 from trl_emo.evaluation.ifeval_checkers import NLTK_DATA_MISSING, accuracies  # noqa: E402
 
 from conftest import save_eval_policy, write_eval_recipe  # noqa: E402

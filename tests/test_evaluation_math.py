@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("math_verify", reason="the `math` extra (math-verify) is not installed")
 
 from trl_emo.evaluation import generation, metrics  # noqa: E402
-from trl_emo.evaluation.cli import run  # noqa: E402
+from trl_emo.commands.evaluate import run  # noqa: E402
 from trl_emo.evaluation.math_answers import (  # noqa: E402
     Equivalence, cluster_answers, extract_math_answer, final_line, last_boxed, math_gold,
 )

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from trl_emo.cli_utils import ConfigError
+from trl_emo.core.errors import ConfigError
 from trl_emo.evaluation import tasks
-from trl_emo.evaluation.cli import run
+from trl_emo.commands.evaluate import run
 from trl_emo.evaluation.config import EvalConfig
 from trl_emo.evaluation.tasks import EvalTask
 

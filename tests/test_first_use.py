@@ -13,9 +13,9 @@ import pytest
 
 from conftest import CORPUS
 from data_fixtures import write_fixture
-from trl_emo import cli, sft
-from trl_emo._trl_compat import prepare_sft_examples
-from trl_emo.dry_run import MASK_CLOSE, MASK_OPEN
+from trl_emo.commands import main as cli, sft
+from trl_emo.training.trl_compat import prepare_sft_examples
+from trl_emo.commands.dry_run import MASK_CLOSE, MASK_OPEN
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def models(tmp_path_factory):
     without them that TRL cannot patch (it knows only the templates of published model families)."""
     from transformers import AutoTokenizer
 
-    from trl_emo.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
+    from trl_emo.models.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("first_use")
     chat = save_tiny_causal_lm(CORPUS, output_dir=root / "chat", vocab_size=320, hidden_size=32, intermediate_size=64)
@@ -173,10 +173,10 @@ def no_gpu(monkeypatch):
     """This machine as a CPU-only one, whatever it has."""
     import transformers.training_args
 
-    import trl_emo.config
+    import trl_emo.training.config
 
     monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: False)
-    monkeypatch.setattr(trl_emo.config, "_has_bf16_accelerator", lambda: False)
+    monkeypatch.setattr(trl_emo.training.config, "_has_bf16_accelerator", lambda: False)
 
 
 def test_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu):
@@ -191,7 +191,7 @@ def test_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu)
 
 
 def test_dpo_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu):
-    from trl_emo import dpo
+    from trl_emo.commands import dpo
 
     argv = ["--recipe", "dpo_ultrafeedback", "--model_name_or_path", models["chat"], "--dataset_name",
             models["ultrafeedback"], "--output_dir", str(tmp_path), "--dry_run"]
@@ -233,7 +233,7 @@ def test_the_deprecated_checkpointing_flag_still_overrides_the_recipe(models, tm
 def test_held_notices_come_back_when_the_run_uses_the_package(monkeypatch):
     import torch
 
-    from trl_emo import noise
+    from trl_emo.core import noise
 
     seen = []
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trl_emo.gem_schedule import GemBetaSchedule, check_target_entropy
+from trl_emo.training.gem_schedule import GemBetaSchedule, check_target_entropy
 
 
 def schedule(**kw):

@@ -1,5 +1,5 @@
 """A Hub id that cannot be loaded is one line naming the field, the id and the fix, exit status 2, in every command
-and in `--dry_run`, checked before anything slow starts (`trl_emo.hub_check`).
+and in `--dry_run`, checked before anything slow starts (`trl_emo.core.hub`).
 
 Nothing here touches the network: offline is the test default (conftest), and the online cases (gated, not found,
 revision, unreachable) come from huggingface_hub's own client, answering through a mock transport the way the Hub
@@ -20,10 +20,13 @@ from huggingface_hub import constants, errors, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
 from data_fixtures import write_fixture
-from trl_emo import dpo, hub_check, sft
-from trl_emo.cli_utils import run_command
-from trl_emo.evaluation import cli as eval_cli
-from trl_emo.hub_check import HubAccessError, HubSource, check_hub_ids, check_sources, hub_errors
+from trl_emo.commands import dpo, sft
+from trl_emo.commands import evaluate as eval_cli
+from trl_emo.commands.command_line import run_command
+from trl_emo.core.errors import HubAccessError, HubSource
+from trl_emo.core.hub import check_sources, hub_errors
+from trl_emo.evaluation.pipeline import eval_sources
+from trl_emo.models.hub_ids import check_hub_ids, model_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_ID = "meta-llama/Meta-Llama-3-8B-Instruct"  # gem_ultrafeedback's chat_template_path, gated on the Hub
@@ -177,11 +180,11 @@ def test_the_evaluation_checks_its_featurizer_and_encoders():
     from trl_emo.evaluation.config import EvalConfig
 
     config = EvalConfig(task="continuation", policies=["a=nobody/policy"], prompts="wikitext", mauve=True)
-    fields = {(s.field, s.repo_id, s.repo_type) for s in hub_check.eval_sources(config)}
+    fields = {(s.field, s.repo_id, s.repo_type) for s in eval_sources(config)}
     assert ("mauve_featurizer", "gpt2-large", "model") in fields and ("policies[a]", "nobody/policy", "model") in fields
     assert ("prompts", "wikitext", "dataset") in fields
     config = EvalConfig(policies=["a=/x"], prompts="p.jsonl", embedding_model="someone/encoder")
-    assert [s.field for s in hub_check.eval_sources(config)] == ["embedding_model"]
+    assert [s.field for s in eval_sources(config)] == ["embedding_model"]
 
 
 def test_a_command_with_its_own_options_gets_the_same_line(capsys):
@@ -231,7 +234,7 @@ def test_not_found_and_revision_not_found(local, tmp_path, capsys, hub):
         one_line_error(capsys))
     hub["org/model"] = NO_REVISION
     with pytest.raises(HubAccessError) as caught:
-        check_sources(hub_check.model_sources("model_name_or_path", "org/model", "v9", "model_revision"))
+        check_sources(model_sources("model_name_or_path", "org/model", "v9", "model_revision"))
     assert isinstance(caught.value.__cause__, errors.RevisionNotFoundError)
     assert str(caught.value) == ("model_name_or_path: 'org/model' has no revision 'v9' (model_revision) on the Hub: "
                                  "check the branch, tag or commit name at https://huggingface.co/org/model.")
@@ -308,17 +311,17 @@ def test_emo_cost_embedding_loaded_at_the_first_step_names_its_field():
 
 
 def test_icl_benchmarks_from_the_hub_are_each_checked():
-    from trl_emo.cli_utils import parse_config
+    from trl_emo.commands.parser import parse_config
     from trl_emo.evaluation.config import EvalConfig
 
     (config,) = parse_config([EvalConfig], ["--recipe", str(ROOT / "recipes" / "eval_icl.yaml")])
-    datasets = [s for s in hub_check.eval_sources(config) if s.repo_type == "dataset"]
+    datasets = [s for s in eval_sources(config) if s.repo_type == "dataset"]
     assert len(datasets) == 8 and all(s.field.startswith("prompts (icl benchmark ") for s in datasets)
-    assert not any(s.repo_id == "hub" for s in hub_check.eval_sources(config))
+    assert not any(s.repo_id == "hub" for s in eval_sources(config))
 
 
 def test_a_command_defaults_to_offline_only_when_nothing_it_names_needs_the_hub(tmp_path, monkeypatch):
-    from trl_emo.hub_check import offline_unless_hub
+    from trl_emo.core.hub import offline_unless_hub
 
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(variable, "")  # recorded, so the value the function sets is undone after the test

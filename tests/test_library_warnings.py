@@ -1,4 +1,4 @@
-"""The commands drop the deprecation warnings the libraries raise at each other, and only those (`trl_emo.noise`).
+"""The commands drop the deprecation warnings the libraries raise at each other, and only those (`trl_emo.core.noise`).
 
 transformers 5.23 deprecated its `gradient_checkpointing` methods, which PEFT and TRL still call themselves: a QLoRA
 SFT run and a DPO run on a PEFT model printed `FutureWarning`s the user could do nothing about. The same warning from
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from conftest import CORPUS
 from data_fixtures import write_fixture
-from trl_emo import dpo, noise, sft
+from trl_emo.commands import dpo, sft
+from trl_emo.core import noise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,7 @@ def test_qlora_sft_then_dpo_commands_show_no_library_deprecation(tmp_path):
     """The QLoRA recipes, activation checkpointing on as they set it, one step each: SFT (PEFT wraps the 4-bit model),
     then DPO from its adapter (merged, quantized again, a new adapter; TRL turns checkpointing off and on around each
     reference forward)."""
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     model = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "chat", vocab_size=320, hidden_size=64, intermediate_size=128)
     data = write_fixture("ultrafeedback", tmp_path, n_rows=8)

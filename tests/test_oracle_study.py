@@ -138,7 +138,7 @@ def test_summary_and_paired_differences():
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    from trl_emo.tiny import build_tiny_model
+    from trl_emo.models.tiny import build_tiny_model
 
     tokenizer = lm.make_tokenizer(24)
     config = lm.model_config(hidden_size=16, num_layers=1, num_heads=2, seq_len=8)
@@ -199,7 +199,7 @@ def test_cached_sampling_equals_sampling_with_full_forwards(tiny_pair):
 
 
 def test_head_calibration_reaches_the_target_entropy():
-    from trl_emo.tiny import build_tiny_model
+    from trl_emo.models.tiny import build_tiny_model
 
     tokenizer = lm.make_tokenizer(48)
     model = build_tiny_model(tokenizer, seed=0, **lm.model_config(16, 1, 2, 8)).eval()

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import CORPUS
 from data_fixtures import write_fixture
-from trl_emo import cli, sft
-from trl_emo.recipe_catalog import describe, packaged_recipe, recipe_names, recipes_dir, resolve_recipe
+from trl_emo.commands import main as cli, sft
+from trl_emo.commands.recipes import describe, packaged_recipe, recipe_names, recipes_dir, resolve_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE_FILES = sorted(p.relative_to(ROOT / "recipes").with_suffix("").as_posix() for p in (ROOT / "recipes").rglob("*.yaml"))
@@ -75,7 +75,7 @@ def test_recipe_copy_writes_an_editable_file_and_keeps_an_existing_one(tmp_path,
 
 
 def test_sft_takes_a_recipe_by_name_outside_the_checkout(tmp_path, monkeypatch, capsys):
-    from trl_emo.tiny import save_tiny_causal_lm
+    from trl_emo.models.tiny import save_tiny_causal_lm
 
     model = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "m", vocab_size=320, hidden_size=32, intermediate_size=64)
     data = write_fixture("metamath", tmp_path)
@@ -126,7 +126,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_demo_and_a_recipe(tmp
         return result.stdout
 
     site = _site_packages(venv)
-    where = run(str(python), "-c", "import trl_emo, trl_emo.recipe_catalog as c; print(trl_emo.__file__); print(c.recipes_dir())")
+    where = run(str(python), "-c", "import trl_emo, trl_emo.commands.recipes as c; print(trl_emo.__file__); print(c.recipes_dir())")
     module, recipes = where.split()
     assert Path(module).resolve() == (site / "trl_emo" / "__init__.py").resolve(), where
     assert Path(recipes).resolve() == (site / "trl_emo" / "recipes").resolve()

@@ -24,7 +24,7 @@ ANSWERS = ["Red, blue and green.", "12 + 30 = 42.", "Hat.", "Paris."]
 
 @pytest.fixture(scope="session")
 def real_model_path():
-    from trl_emo.real_model import INSTALL_HINT, RealModelUnavailable, smollm2_instruct
+    from trl_emo.models.real_model import INSTALL_HINT, RealModelUnavailable, smollm2_instruct
 
     try:
         return smollm2_instruct(progress=False)
@@ -54,14 +54,14 @@ def test_the_converted_model_is_smollm2_with_a_tied_head_and_chatml(real_model_p
     assert real_tokenizer.eos_token == real_tokenizer.pad_token == "<|im_end|>"
     assert "{% generation %}" not in real_tokenizer.chat_template and "<|im_start|>" in real_tokenizer.chat_template
     # A second call finds the cached folder (no second conversion).
-    from trl_emo.real_model import smollm2_instruct
+    from trl_emo.models.real_model import smollm2_instruct
 
     assert smollm2_instruct(progress=False) == real_model_path
 
 
 def _batch(tokenizer):
     """Two conversations of different lengths, prompt masked, as TRL's collator pads them."""
-    from trl_emo.heldout import pad_batch, prepare_rows
+    from trl_emo.training.heldout import pad_batch, prepare_rows
 
     rows = [{"query": q, "response": a} for q, a in zip(QUESTIONS[:2], ANSWERS[:2])]
     return pad_batch(prepare_rows(rows, tokenizer, "metamath", "chat_template", max_length=128), tokenizer.pad_token_id)
@@ -77,10 +77,10 @@ def _loss_and_gradients(pristine, loss_type: str, implementation: str, batch: di
     the trainer uses (`trl_emo_loss=True`, hidden states and head, never the logits), `logits` from the full logits
     (`loss_implementation="logits"`); ASFT's reference is a frozen copy of the starting model, as in full
     fine-tuning."""
-    from trl_emo import _trl_compat as compat
-    from trl_emo.config import loss_defaults
-    from trl_emo.objective import Objective
-    from trl_emo.reference import ReferenceModel
+    from trl_emo.training import trl_compat as compat
+    from trl_emo.training.config import loss_defaults
+    from trl_emo.training.objective import Objective
+    from trl_emo.training.reference import ReferenceModel
 
     model = copy.deepcopy(pristine)
     objective = Objective(loss_type, loss_defaults(loss_type))
@@ -127,7 +127,7 @@ def test_fused_equals_logits_on_the_real_model(pristine_model, real_tokenizer, l
 def test_completion_only_masks_exactly_the_prompt_on_chatml(real_tokenizer):
     """Prompt/completion conversations on SmolLM2's template: every prompt token (the default system turn, the user
     turn and the `<|im_start|>assistant` header) is masked, every answer token trains, `<|im_end|>` included."""
-    from trl_emo.heldout import prepare_rows
+    from trl_emo.training.heldout import prepare_rows
 
     rows = [{"query": q, "response": a} for q, a in zip(QUESTIONS, ANSWERS)]
     examples = prepare_rows(rows, real_tokenizer, "metamath", "chat_template", max_length=256)
@@ -167,9 +167,9 @@ def _sft_argv(model, data, out, *extra):
 def test_assistant_only_masking_on_chatml_masks_exactly_the_prompt(tmp_path, real_model_path, real_tokenizer):
     """SmolLM2's template has no `{% generation %}` markers: single-turn conversations train as prompt/completion, the
     prompt masked exactly (what `--dry_run` shows is what trains)."""
-    from trl_emo._trl_compat import prepare_sft_examples
-    from trl_emo.run_config import resolve_sft_run
-    from trl_emo.sft import make_parser
+    from trl_emo.training.trl_compat import prepare_sft_examples
+    from trl_emo.commands.run_config import resolve_sft_run
+    from trl_emo.commands.sft import make_parser
 
     data = _write_conversations(tmp_path / "uf")
     run = resolve_sft_run(make_parser().parse_command_line(_sft_argv(real_model_path, data, tmp_path / "out")))

@@ -9,8 +9,8 @@ import yaml
 
 from conftest import CORPUS
 from data_fixtures import fixture_rows, write_fixture
-from trl_emo import dpo, sft
-from trl_emo.dry_run import MASK_CLOSE, MASK_OPEN
+from trl_emo.commands import dpo, sft
+from trl_emo.commands.dry_run import MASK_CLOSE, MASK_OPEN
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("dpo_", "eval_")))
@@ -21,7 +21,7 @@ DPO_RECIPES = sorted(RECIPES.glob("dpo_*.yaml"))
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     """A chat-template tiny model folder, a base (no template) one, and the template as a .jinja file."""
-    from trl_emo.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
+    from trl_emo.models.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("tiny")
     chat = save_tiny_causal_lm(CORPUS, output_dir=root / "chat", vocab_size=320, hidden_size=32, intermediate_size=64)
@@ -97,7 +97,7 @@ def test_dpo_recipe_dry_runs(recipe, tiny_models, tmp_path, capsys):
 
 @pytest.mark.parametrize("recipe", EVAL_RECIPES, ids=[p.stem for p in EVAL_RECIPES])
 def test_evaluation_recipe_parses(recipe):
-    from trl_emo.cli_utils import parse_config
+    from trl_emo.commands.parser import parse_config
     from trl_emo.evaluation.config import EvalConfig
 
     (config,) = parse_config([EvalConfig], ["--recipe", str(recipe)])

@@ -1,4 +1,4 @@
-"""`trl_emo.sources`: one path-or-Hub rule for every command, and adapters loaded the same way by DPO and evaluation,
+"""`trl_emo.models.sources`: one path-or-Hub rule for every command, and adapters loaded the same way by DPO and evaluation,
 including an adapter whose SFT run added tokens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import CORPUS, prompt_completion_rows
-from trl_emo import sources
+from trl_emo.models import sources
 
 
 def test_one_rule_for_local_paths_and_hub_ids(tmp_path):
@@ -25,7 +25,7 @@ def test_one_rule_for_local_paths_and_hub_ids(tmp_path):
 def test_the_commands_share_the_rule(tmp_path):
     """Datasets, models for evaluation and DPO, and EMO's cost embedding tell a missing path from a Hub id alike."""
     from trl_emo.data import DataPathError, resolve_source
-    from trl_emo.evaluation.config import EvaluationError
+    from trl_emo.evaluation.errors import EvaluationError
     from trl_emo.evaluation.loading import check_model_source
     from trl_emo.losses import load_cost_embedding
 
@@ -50,7 +50,7 @@ def adapter_with_added_tokens(tmp_path_factory):
     from conftest import cpu_config
     from datasets import Dataset
     from trl_emo import SFTTrainer
-    from trl_emo.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
+    from trl_emo.models.tiny import CHAT_TEMPLATE, save_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("sources")
     base = save_tiny_causal_lm(CORPUS, output_dir=root / "base", vocab_size=320, chat_template=False, hidden_size=32,
@@ -97,7 +97,7 @@ def test_an_adapter_whose_run_added_tokens_loads_merged(adapter_with_added_token
 
 
 def test_evaluating_an_adapter_whose_run_added_tokens(adapter_with_added_tokens, capsys):
-    from trl_emo.evaluation.cli import run
+    from trl_emo.commands.evaluate import run
 
     assets = adapter_with_added_tokens
     prompts = assets["root"] / "prompts.jsonl"

@@ -372,7 +372,7 @@ def test_evaluate_before_training_logs_the_objective_and_cross_entropy(tmp_path,
 
 @pytest.mark.parametrize("path", ["fused", "logits"])
 def test_label_ids_past_the_head_are_a_vocabulary_error(make_model, path):
-    from trl_emo.objective import Objective
+    from trl_emo.training.objective import Objective
 
     model = make_model()
     vocab = model.get_output_embeddings().weight.shape[0]

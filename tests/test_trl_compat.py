@@ -1,4 +1,4 @@
-"""Each piece of `trl_emo._trl_compat` against TRL's own behaviour, so a TRL upgrade that changes one fails here.
+"""Each piece of `trl_emo.training.trl_compat` against TRL's own behaviour, so a TRL upgrade that changes one fails here.
 
 One test per copied or called piece, named after it; each builds the TRL side with TRL's public API (its trainer, its
 `add_fused_lm_head`) and compares. Tiny models, one forward or one trainer construction each.
@@ -15,10 +15,10 @@ import trl
 from datasets import Dataset
 
 from conftest import conversation_rows, cpu_config, prompt_completion_rows
-from trl_emo import _trl_compat as compat
+from trl_emo.training import trl_compat as compat
 from trl_emo.losses import add_loss, get_loss, unregister_loss
 from trl_emo.losses.registry import TRL_LOSS_TYPES
-from trl_emo.tiny import CHAT_TEMPLATE, build_tiny_model
+from trl_emo.models.tiny import CHAT_TEMPLATE, build_tiny_model
 
 # A trl_emo loss that is exactly TRL's `nll`, so that our compute_loss can be compared number for number with TRL's.
 COPY_OF_NLL = "compat_nll"
@@ -128,7 +128,7 @@ def patched_pair(tokenizer, attributes=None):
     """The same weights twice: patched by TRL only, and by TRL then trl_emo (as `trl_emo.SFTTrainer` does)."""
     from trl.trainer.utils import add_fused_lm_head
 
-    from trl_emo.objective import Objective
+    from trl_emo.training.objective import Objective
 
     theirs, ours = (scaled_model(tokenizer, attributes or {}, seed=3) for _ in range(2))
     for model in (theirs, ours):
@@ -162,7 +162,7 @@ def test_add_objective_head_router_loss(tokenizer):
     from transformers import MixtralConfig, MixtralForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from trl_emo.objective import Objective
+    from trl_emo.training.objective import Objective
 
     config = MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,

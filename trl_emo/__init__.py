@@ -5,21 +5,28 @@ from trl_emo import SFTConfig, SFTTrainer   # instead of `from trl import ...`
 args = SFTConfig(output_dir="out", loss_type="gem")   # or "emo", "tailr", "mixce", "ce_entropy"
 ```
 
-Heavy imports (TRL's trainer, transformers) happen on first use of `SFTConfig`/`SFTTrainer`.
+Heavy imports (TRL's trainer, transformers) happen on first use of `SFTConfig`/`SFTTrainer`. The package is grouped
+by role, in layers that import one way (docs/architecture.md): `commands` > `evaluation` | `training` > `data` |
+`models` > `losses` > `core`; this top holds only the thin modules users run (`python -m trl_emo.sft`, `.dpo`,
+`.evaluate`, `.real_model`, the `trl-emo` script in `.cli`).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from .core import moved
 from .losses import get_loss, list_losses, register_loss, unregister_loss
+
+# `import trl_emo.config` and the other module names of releases before the package was grouped by role.
+moved.install()
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "SFTConfig": "trl_emo.config",
-    "SFTTrainer": "trl_emo.trainer",
-    "NonFiniteLossError": "trl_emo.trainer",
+    "SFTConfig": "trl_emo.training.config",
+    "SFTTrainer": "trl_emo.training.trainer",
+    "NonFiniteLossError": "trl_emo.training.trainer",
     "CostEmbedding": "trl_emo.losses",
 }
 

@@ -1,6 +1,6 @@
 """The oracle and the token-level machinery: vocabulary, ancestral sampling, exact scoring.
 
-The oracle is a randomly initialized Llama (`trl_emo.tiny`) whose output embedding is multiplied
+The oracle is a randomly initialized Llama (`trl_emo.models.tiny`) whose output embedding is multiplied
 by a constant chosen so that its mean next-token entropy on its own samples hits a target (random
 initialization alone is almost uniform). The scaled weights are the oracle: its distribution is
 exactly `softmax(logits)` of that model at temperature 1, and every token id has non-zero
@@ -47,7 +47,7 @@ def make_tokenizer(vocab_size: int):
 
 
 def model_config(hidden_size: int, num_layers: int, num_heads: int, seq_len: int) -> dict:
-    """Architecture keyword arguments for `trl_emo.tiny.build_tiny_model` (GQA with half as many KV heads)."""
+    """Architecture keyword arguments for `trl_emo.models.tiny.build_tiny_model` (GQA with half as many KV heads)."""
     return dict(
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -195,7 +195,7 @@ def calibrate_head_scale(model, target_entropy: float, length: int, seed: int, n
 
 def build_oracle(tokenizer, args):
     """The oracle model (random Llama with a calibrated head scale) and a description of it."""
-    from trl_emo.tiny import build_tiny_model
+    from trl_emo.models.tiny import build_tiny_model
 
     config = model_config(args.oracle_hidden_size, args.oracle_layers, args.oracle_heads, args.seq_len)
     oracle = build_tiny_model(tokenizer, seed=args.oracle_seed, **config).eval()

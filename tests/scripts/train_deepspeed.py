@@ -134,9 +134,9 @@ def main(model_dir, out_path, runs, per_device_batch):
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(results, out_path)
     if torch.distributed.is_initialized():
-        # As trl_emo.run_config.end_run ends the commands: without it a rank can abort at exit ("terminate called
+        # As trl_emo.training.finish.end_run ends the commands: without it a rank can abort at exit ("terminate called
         # without an active exception").
-        from trl_emo.run_config import final_barrier
+        from trl_emo.training.finish import final_barrier
 
         final_barrier()
         torch.distributed.destroy_process_group()

@@ -18,7 +18,7 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_emo import SFTConfig, SFTTrainer
-    from trl_emo.run_config import end_run
+    from trl_emo.training.finish import end_run
 
     extra = extra or {}
     # Uneven: 1 to 4 answers, so micro-batches and processes hold different numbers of target tokens.

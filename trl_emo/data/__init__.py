@@ -8,8 +8,9 @@ formats, the Alpaca prompt), `adapters` (row -> TRL format, by the schema's kind
 from .adapters import OUTPUT_FORMATS, format_example, format_preference_example, output_format
 from .arguments import DataArguments
 from .bundled import ALPACA_SAMPLE_FILE, alpaca_sample_path
+from .info import DatasetInfo
 from .loading import SUPPORTED_EXTENSIONS, DataSource, load_split, resolve_source
-from .prepare import DatasetInfo, load_dpo_datasets, load_sft_datasets, resolve_prompt_format
+from .prepare import load_dpo_datasets, load_sft_datasets, resolve_prompt_format
 from .prompts import (
     ALPACA_PROMPT_NO_INPUT,
     ALPACA_PROMPT_WITH_INPUT,

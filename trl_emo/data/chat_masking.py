@@ -11,9 +11,10 @@ error naming the two ways out, raised before any model is loaded (the same in a 
 
 from __future__ import annotations
 
-# TRL's decision, mirrored in the module that holds every copy of TRL internals.
-from .._trl_compat import template_masks_assistant_turns
 from .schemas import DataError
+
+# TRL's decision, mirrored in the data layer's module of TRL internals.
+from .trl_compat import template_masks_assistant_turns
 
 
 def has_one_final_answer(messages) -> bool:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sources import locate, looks_like_path  # noqa: F401 - `looks_like_path`: the one path-or-Hub rule
+from ..core.hub import locate, looks_like_path  # noqa: F401 - `looks_like_path`: the one path-or-Hub rule
 from .schemas import SCHEMAS, DataError, DataPathError
 
 # Extension -> `datasets` packaged builder.
@@ -66,7 +66,7 @@ def _split_files(folder: Path) -> dict[str, list[str]]:
 
 
 def resolve_source(name: str | None) -> DataSource:
-    """Decide whether `name` is a local file, a local folder or a Hub id (`trl_emo.sources.locate`), and check that a
+    """Decide whether `name` is a local file, a local folder or a Hub id (`trl_emo.core.hub.locate`), and check that a
     local path exists."""
     if not name:
         raise DataError("No dataset given: set `dataset_name` to a Hub id or a local file/folder.")

@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .info import DatasetInfo
 from .schemas import DataError
 
 logger = logging.getLogger(__name__)
@@ -175,8 +176,6 @@ def to_documents(dataset, column: str, rule: str):
 
 def prepare_plain_text(source, train, train_split, evaluation, eval_split, script_args, data_args):
     """`load_sft_datasets` for `dataset_schema: plain_text`: documents in TRL's language-modelling format."""
-    from .prepare import DatasetInfo
-
     column, rule, known = resolve_text_settings(
         script_args.dataset_name, getattr(script_args, "dataset_config", None), train.column_names,
         data_args.text_column, data_args.text_documents,

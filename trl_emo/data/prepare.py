@@ -3,50 +3,21 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from .adapters import format_example, format_preference_example, output_format, read_field
+from .info import DatasetInfo
 from .loading import DataSource, load_split, resolve_source
-from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, DataError, detect_schema, get_schema, validate_columns
+from .schemas import (
+    CONVERSATION,
+    INSTRUCTION,
+    PROMPT_COMPLETION,
+    DataError,
+    detect_schema,
+    get_schema,
+    validate_columns,
+)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DatasetInfo:
-    """What `load_sft_datasets` produced, for the trainer configuration and the logs.
-
-    Attributes:
-        schema: the source schema (detected or given).
-        output_format: "prompt_completion", "conversational_prompt_completion", "messages" or "text".
-        prompt_format: "chat_template" or "alpaca" (None for pass-through string data, where it does not apply).
-        assistant_only_loss: whether the trainer needs `SFTConfig(assistant_only_loss=True)` (the "messages" format:
-            the loss on assistant turns only). Prompt/completion data is masked by TRL's completion-only loss, which
-            is on by default for it.
-        source: the Hub id or the local path used; `is_local` tells which.
-        train_split / eval_split: the split names read (eval_split is None when there is no eval set).
-        num_train / num_eval: row counts after `max_*_samples`.
-    """
-
-    schema: str
-    output_format: str
-    prompt_format: str | None
-    assistant_only_loss: bool
-    source: str
-    is_local: bool
-    train_split: str
-    eval_split: str | None
-    num_train: int
-    num_eval: int | None
-
-    def summary(self) -> str:
-        eval_part = f", eval {self.eval_split!r} ({self.num_eval} rows)" if self.eval_split else ", no eval split"
-        prompt = f", prompt format {self.prompt_format}" if self.prompt_format else ""
-        return (
-            f"dataset {self.source} (schema {self.schema}{prompt}) -> {self.output_format}; "
-            f"train {self.train_split!r} ({self.num_train} rows){eval_part}; "
-            f"assistant_only_loss={self.assistant_only_loss}"
-        )
 
 
 def has_chat_template(tokenizer) -> bool:

@@ -7,13 +7,16 @@ programs run by `code_execution` in `sandbox`), `creative` (GEM's creative-writi
 Shared machinery: `config` (EvalConfig), `prompts` (prompt sets),
 `generation` (HF generate / vLLM), `scoring` (reward model), `metrics` (pure metric functions),
 `embeddings` (all-MiniLM-L6-v2), `loading` (devices, dtypes, and evaluation errors around
-`trl_emo.sources`, which loads models and LoRA adapters for training and evaluation alike), `cache`
+`trl_emo.models.sources`, which loads models and LoRA adapters for training and evaluation alike), `cache`
 (JSONL cache and resume), `report` (summary.json / summary.md / figures), `pipeline` (the whole run,
-calling the task's hooks), `cli` (`make_parser`, `main`, `run`). Prompt sets are read by
+calling the task's hooks; `eval_sources`, the Hub ids a task declares), `task_registry` (tasks by name),
+`errors` (`EvaluationError`). The command itself is `trl_emo.commands.evaluate`. Prompt sets are read by
 `trl_emo.data.loading` and rendered in training's prompt formats.
 """
 
-from .config import EvalConfig, EvaluationError
+from . import tasks  # noqa: F401 - registers the built-in tasks before any lookup by name
+from .config import EvalConfig
+from .errors import EvaluationError
 
 __all__ = ["EvalConfig", "EvaluationError", "run_evaluation"]
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .config import EvaluationError
+from .errors import EvaluationError
 
 
 def fingerprint(settings: dict) -> str:

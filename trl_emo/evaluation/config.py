@@ -5,17 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..cli_utils import ConfigError
+from ..core.errors import ConfigError
 from ..data.prompts import PROMPT_FORMATS, check_prompt_format
+from .errors import EvaluationError  # noqa: F401 - re-exported (its home before `errors`)
+from .task_registry import get_task
 
 BACKENDS = ("hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MATH_K = (1, 4, 8, 16, 32)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-class EvaluationError(ValueError):
-    """Data or models that the evaluation cannot use as given (missing column, missing folder...)."""
 
 
 def default_k_values(n: int) -> list[int]:
@@ -462,9 +460,6 @@ class EvalConfig:
 
     def task_class(self):
         """The registered task class named by `task` (a clear error listing the tasks otherwise)."""
-        # Imported here: task modules import this one.
-        from .tasks import get_task
-
         return get_task(self.task)
 
     def _checked_ks(self, name: str, values, default: list[int]) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from .config import EvaluationError
+from .errors import EvaluationError
 
 
 def default_embedding_model_path() -> str:

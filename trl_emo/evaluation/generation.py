@@ -6,10 +6,11 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from ..generation_eos import find_end_of_turn_token
-from ..sources import adapter_rank, load_causal_lm, tokenizer_location
+from ..models.generation_eos import find_end_of_turn_token
+from ..models.sources import adapter_rank, load_causal_lm, tokenizer_location
 from .cache import JsonlCache, file_signature
-from .config import EvalConfig, EvaluationError
+from .config import EvalConfig
+from .errors import EvaluationError
 from .loading import adapter_base, load_tokenizer, resolve_device, resolve_dtype
 from .prompts import PromptSet, encode_once, render_policy_prompt
 

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .config import EvaluationError
+from .errors import EvaluationError
 from .prompts import LOCAL_SUFFIXES, read_rows
 
 HUB = "hub"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from .config import EvaluationError
+from .errors import EvaluationError
 
 IFEVAL_MISSING = (
     "task 'ifeval' needs lm-evaluation-harness's IFEval checkers: pip install 'trl-emo[ifeval]' "
@@ -30,10 +30,11 @@ COLUMNS = ("prompt", "instruction_id_list", "kwargs")
 def check_available() -> None:
     """Raise a one-line `EvaluationError` when the checkers or their NLTK data are missing."""
     try:
+        from importlib.util import find_spec
+
         import immutabledict  # noqa: F401
         import langdetect  # noqa: F401
         import nltk
-        from importlib.util import find_spec
 
         if find_spec("lm_eval") is None:
             raise ImportError("lm_eval")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from .. import sources
+from ..models import sources
 from .cache import file_signature
-from .config import EvalConfig, EvaluationError
+from .config import EvalConfig
+from .errors import EvaluationError
 from .loading import adapter_base, load_tokenizer, not_loadable, resolve_device, resolve_dtype
 
 
@@ -22,7 +23,7 @@ def policy_signature(path: str) -> dict:
 
 def load_causal_lm(path: str, config: EvalConfig, what: str = "Policy"):
     """(model in eval mode on its device, tokenizer): a full model, or a LoRA adapter merged into its base, resized
-    when the SFT run added tokens (`trl_emo.sources.load_causal_lm`, as generation and DPO load them)."""
+    when the SFT run added tokens (`trl_emo.models.sources.load_causal_lm`, as generation and DPO load them)."""
     device = resolve_device(config.device)
     path = os.path.expanduser(path)
     base = adapter_base(path)

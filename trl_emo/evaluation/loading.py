@@ -1,4 +1,4 @@
-"""Devices, dtypes and evaluation-flavoured errors around `trl_emo.sources` (paths, models, LoRA adapters), shared
+"""Devices, dtypes and evaluation-flavoured errors around `trl_emo.models.sources` (paths, models, LoRA adapters), shared
 by generation and scoring."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import gc
 import os
 
-from .. import sources
-from ..sources import locate
-from .config import EvaluationError
+from ..core.hub import locate
+from ..models import sources
+from .errors import EvaluationError
 
 
 def resolve_device(device: str | None) -> str:
@@ -31,7 +31,7 @@ def resolve_dtype(dtype: str, device: str):
 
 
 def check_model_source(path: str, what: str) -> None:
-    """Fail early, before anything is generated, on a model folder that does not exist (`trl_emo.sources.locate`)."""
+    """Fail early, before anything is generated, on a model folder that does not exist (`trl_emo.core.hub.locate`)."""
     kind, location = locate(path)
     if kind == "local" and not os.path.isdir(location):
         raise EvaluationError(f"{what} {path!r} is a file; expected a model folder or a Hub id.")
@@ -40,7 +40,7 @@ def check_model_source(path: str, what: str) -> None:
 
 
 def adapter_base(path: str) -> str | None:
-    """The base model of a LoRA adapter folder, or None when `path` is a full model (`trl_emo.sources`)."""
+    """The base model of a LoRA adapter folder, or None when `path` is a full model (`trl_emo.models.sources`)."""
     try:
         return sources.adapter_base(path)
     except sources.SourceError as exc:
@@ -55,7 +55,7 @@ def not_loadable(what: str, path: str, exc: Exception) -> EvaluationError:
 
 
 def load_tokenizer(path: str, trust_remote_code: bool, what: str = "Model"):
-    """`trl_emo.sources.load_tokenizer` (an adapter's own tokenizer, else its base's), with a clear error for a Hub id
+    """`trl_emo.models.sources.load_tokenizer` (an adapter's own tokenizer, else its base's), with a clear error for a Hub id
     that cannot be loaded."""
     adapter_base(path)  # an adapter that names no base: a clear error
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .config import EvaluationError
+from .errors import EvaluationError
 
 MATH_VERIFY_MISSING = (
     "task 'math' needs math-verify: pip install 'trl-emo[math]' (or `pip install math-verify[antlr4_13_2]==0.9.0`)"

@@ -15,7 +15,8 @@ import json
 import os
 
 from .cache import file_signature
-from .config import EvalConfig, EvaluationError
+from .config import EvalConfig
+from .errors import EvaluationError
 from .loading import not_loadable, resolve_device
 
 DEFAULT_FEATURIZER = "gpt2-large"

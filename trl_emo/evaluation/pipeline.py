@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from ..hub_check import check_sources, eval_sources, hub_errors
+from ..core.errors import HubSource
+from ..core.hub import check_sources, hub_errors
 from .config import EvalConfig
 from .generation import import_vllm
 from .loading import adapter_base, check_model_source, free_memory
@@ -32,6 +33,13 @@ def check_models(config: EvalConfig) -> None:
         check_model_source(config.reward_model, "Reward model")
 
 
+def eval_sources(config: EvalConfig) -> list[HubSource]:
+    """The Hub ids an evaluation loads, as its task declares them (`EvalTask.hub_sources`): each policy (or its
+    adapter's base), the reward model, the prompt set (or the ICL benchmarks' datasets), the MAUVE featurizer, the
+    sentence encoders, as far as the task uses them."""
+    return config.task_class().hub_sources(config)
+
+
 def make_task(config: EvalConfig) -> EvalTask:
     return config.task_class()(config)
 
@@ -39,7 +47,7 @@ def make_task(config: EvalConfig) -> EvalTask:
 def run_evaluation(config: EvalConfig) -> dict:
     """Run (or resume) the evaluation described by `config`; return the summary written to summary.json.
 
-    Every Hub id it loads is checked first (`trl_emo.hub_check`); a Hub failure, then or later, is a
+    Every Hub id it loads is checked first (`eval_sources`, `trl_emo.core.hub.check_sources`); a Hub failure, then or later, is a
     `HubAccessError` naming the field."""
     hub_sources = eval_sources(config)
     check_sources(hub_sources)

@@ -8,11 +8,12 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..core.hub import locate
 from ..data.prepare import resolve_prompt_format
 from ..data.prompts import alpaca_prompt, instruction_and_input, user_content
 from ..data.schemas import DataError
-from ..sources import locate
-from .config import EvalConfig, EvaluationError
+from .config import EvalConfig
+from .errors import EvaluationError
 from .metrics import extract_answer, parse_number
 
 PROMPT_COLUMNS = ("messages", "prompt", "instruction", "question")
@@ -56,7 +57,7 @@ LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
 
 
 def is_local(path: str) -> bool:
-    """Whether `path` names local data rather than a Hub dataset (`trl_emo.sources.locate`, the one rule)."""
+    """Whether `path` names local data rather than a Hub dataset (`trl_emo.core.hub.locate`, the one rule)."""
     return locate(path)[0] != "hub"
 
 

@@ -9,7 +9,7 @@ import os
 def write_reports(summary: dict, output_dir: str, plot: bool = True, task=None) -> None:
     """summary.json, summary.md (the task's tables) and the task's figures (when `plot`)."""
     if task is None:
-        from .tasks import get_task
+        from .task_registry import get_task
 
         task = get_task(summary.get("task", "bon"))(None)
     with open(os.path.join(output_dir, "summary.json"), "w", encoding="utf-8") as handle:

@@ -6,7 +6,8 @@ import hashlib
 import os
 
 from .cache import JsonlCache, file_signature
-from .config import EvalConfig, EvaluationError
+from .config import EvalConfig
+from .errors import EvaluationError
 from .loading import not_loadable, resolve_device, resolve_dtype
 from .prompts import PromptSet, encode_once
 

@@ -2,9 +2,12 @@
 
 Each built-in loss is one module holding its reference function (`per_token`), its PyTorch chunk
 kernel (`chunk`, the CPU path), its Triton row kernel (the GPU path) and its hyper-parameter
-check, and exporting them as `LOSS`; it is registered by one line below. Hyper-parameter defaults
-live on `trl_emo.SFTConfig` only. `nll` is registered as the reference (the trainer leaves `nll`
-and `dft` to TRL).
+check, and exporting them as `LOSS`; it is registered by one line below. Its hyper-parameters'
+defaults are written once, in its `LOSS.defaults`; `trl_emo.SFTConfig`'s fields take them. `nll` is
+registered as the reference (the trainer leaves `nll` and `dft` to TRL).
+
+This package is the bottom of the layers above `trl_emo.core` (docs/architecture.md): pure tensor
+functions and kernels, which import nothing of the trainer, the data, the models or the commands.
 
 Adding a loss: a module like `mixce.py`, one `add_loss(...)` line here, and its `SFTConfig`
 fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the registry).
@@ -16,7 +19,16 @@ from . import asft, ce_entropy, eaft, emo, gem, mixce, nll, tailr
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
-from .registry import TRL_LOSS_TYPES, LossSpec, UnknownLossError, add_loss, get_loss, list_losses, register_loss, unregister_loss
+from .registry import (
+    TRL_LOSS_TYPES,
+    LossSpec,
+    UnknownLossError,
+    add_loss,
+    get_loss,
+    list_losses,
+    register_loss,
+    unregister_loss,
+)
 
 add_loss(nll.LOSS)
 add_loss(gem.LOSS)

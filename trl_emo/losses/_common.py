@@ -65,7 +65,7 @@ def causal_lm_loss(
     pass `shift_labels` `[B, T]` instead when they are already aligned with the logits (context
     parallelism). `N` is `num_items_in_batch` when given, else the number of valid positions. An
     all-masked batch gives a zero that is still connected to `logits`. `hparams` are the loss's
-    hyper-parameters, all required (their defaults live on `trl_emo.SFTConfig` only).
+    hyper-parameters, all required (their defaults: `LossSpec.defaults`, which `trl_emo.SFTConfig` takes).
     """
     targets, mask = select_targets(labels, shift_labels, ignore_index)
     aligned = logits if shift_labels is not None else logits[:, :-1]

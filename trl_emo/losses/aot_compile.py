@@ -63,8 +63,8 @@ _REGISTERS_PER_PARTITION = 16384
 _REGISTER_UNIT = 256
 
 # Hyper-parameter values that flip a built-in kernel's own constexpr switches, combined with each
-# other and with the shared flags (all pairs, or every combination). A loss not listed here (a third-party one) is launched at its `SFTConfig` defaults, or
-# add its switches: `SWITCHES["focal"] = {"mode": ("a", "b")}`.
+# other and with the shared flags (all pairs, or every combination). A loss not listed here (a third-party one) is
+# launched at its defaults (`LossSpec.defaults`), or add its switches: `SWITCHES["focal"] = {"mode": ("a", "b")}`.
 SWITCHES: dict[str, dict[str, tuple]] = {
     "gem": {"h": ("linear", "logsigmoid")},
     "emo": {"weighting": ("mle", "emo", "none"), "demd": ("reference", "paper"), "ratio_cap": (None, 3.0)},
@@ -280,17 +280,12 @@ def _build_of(kernel, args, kwargs, capability) -> Build:
 
 def switch_cases(names: Iterable[str] | None = None) -> list[tuple[str, dict]]:
     """`(loss, hyper-parameters)` for every registered loss with a row kernel and every combination of
-    its `SWITCHES` over its `SFTConfig` defaults (a third-party loss: its defaults, or `{}`)."""
-    from ..config import loss_defaults
-
+    its `SWITCHES` over its defaults (`LossSpec.defaults`, which `SFTConfig`'s fields also take)."""
     out = []
     for name in names or list_losses(include_trl=False):
         if get_loss(name).row_kernel is None:
             continue
-        try:
-            base = loss_defaults(name)
-        except KeyError:  # a config field the installed SFTConfig lacks: the launcher's own defaults
-            base = {}
+        base = dict(get_loss(name).defaults)
         switches = SWITCHES.get(name, {})
         for values in itertools.product(*switches.values()):
             out.append((name, {**base, **dict(zip(switches, values))}))
@@ -471,7 +466,8 @@ def compile_build(build: Build, kernel=None) -> dict:
     """Compile `build` with Triton for its target and read ptxas's report of the kernel Triton built."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile, make_backend
+    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import compile as triton_compile
 
     kernel = kernel or _KERNELS[build.kernel]
     target = GPUTarget("cuda", build.capability, 32)

@@ -198,6 +198,7 @@ LOSS = LossSpec(
     row_kernel=rows,
     scratch_rows=1.0,
     config_fields={"alpha": "asft_alpha"},
+    defaults={"alpha": 0.1},
     validate=check,
     description="ASFT: DFT anchored to a reference model by alpha KL(ref || model) (arXiv 2509.23753)",
     metrics=("ref_kl",),

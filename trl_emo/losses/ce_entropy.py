@@ -63,6 +63,7 @@ LOSS = LossSpec(
     chunk_kernel=chunk,
     row_kernel=rows,
     config_fields={"coef": "entropy_coef"},
+    defaults={"coef": 0.1},
     validate=check,
     description="cross-entropy minus an entropy bonus (GEM paper's baseline)",
 )

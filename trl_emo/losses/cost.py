@@ -136,9 +136,9 @@ def _load_model_head(path: str, trust_remote_code: bool = False) -> torch.Tensor
 def load_cost_embedding(spec: str, trust_remote_code: bool = False) -> CostEmbedding:
     """A cost embedding from a file (`[V, d']` tensor) or from another model (its output embedding).
 
-    `spec` is a local path, or a Hub model id (`trl_emo.sources.locate` tells them apart).
+    `spec` is a local path, or a Hub model id (`trl_emo.core.hub.locate` tells them apart).
     """
-    from ..sources import locate
+    from ..core.hub import locate
 
     kind, location = locate(spec)
     path = Path(location)
@@ -150,7 +150,8 @@ def load_cost_embedding(spec: str, trust_remote_code: bool = False) -> CostEmbed
         return CostEmbedding(_load_model_head(str(path), trust_remote_code), source=str(path))
     if kind != "hub":
         raise FileNotFoundError(f"EMO cost embedding not found: {spec}")
-    from ..hub_check import HubSource, hub_errors
+    from ..core.errors import HubSource
+    from ..core.hub import hub_errors
 
     try:
         # Offline and not cached, unreachable, gated, not found: one line naming `emo_cost_embedding`.

@@ -129,6 +129,7 @@ LOSS = LossSpec(
     row_kernel=rows,
     scratch_rows=0.25,
     config_fields={"alpha": "eaft_alpha", "entropy": "eaft_entropy", "topk": "eaft_topk"},
+    defaults={"alpha": 1.0, "entropy": "topk", "topk": 20},
     validate=check,
     validate_vocab=check_vocabulary,
     description="EAFT: cross-entropy weighted by normalised entropy, (H / H_max) ** alpha (arXiv 2601.02151)",

@@ -184,6 +184,7 @@ LOSS = LossSpec(
     row_kernel=rows,
     scratch_rows=0.25,
     config_fields={"weighting": "emo_weighting", "demd": "emo_demd", "ratio_cap": "emo_ratio_cap"},
+    defaults={"weighting": "mle", "demd": "reference", "ratio_cap": None},
     uses_cost_embedding=True,
     validate=check,
     description="EMO: earth mover distance optimization with dynamic weighting (Ren et al., ICLR 2024)",

@@ -127,6 +127,7 @@ LOSS = LossSpec(
     chunk_kernel=chunk,
     row_kernel=rows,
     config_fields={"beta": "gem_beta", "h": "gem_h"},
+    defaults={"beta": 0.7, "h": "linear"},
     validate=check,
     description="GEM: entropy-regularized reverse-KL distribution matching (Li et al., ICLR 2025)",
 )

@@ -47,6 +47,7 @@ LOSS = LossSpec(
     chunk_kernel=chunk,
     row_kernel=rows,
     config_fields={"gamma": "mixce_gamma"},
+    defaults={"gamma": 0.8},
     validate=check,
     description="MixCE: mixed forward/reverse cross-entropy (Zhang et al., 2023)",
 )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..plugins import load_plugins
+from ..core.plugins import load_plugins
 
 # Losses TRL's own SFTTrainer computes: `trl_emo.SFTTrainer` hands these back to TRL untouched.
 TRL_LOSS_TYPES = ("nll", "dft")
@@ -59,6 +59,9 @@ class LossSpec:
             (`launch.scratch`), counted in the fused path's memory budget (EMO: 0.25, its cost
             products for a quarter of the chunk at a time).
         config_fields: maps each keyword of `per_token` to the `SFTConfig` field it is read from.
+        defaults: each keyword's default (the paper's or the authors' value), written here once: the `SFTConfig`
+            fields take their defaults from it, and tools that launch a loss without a configuration (the
+            ahead-of-time compile) read it.
         needs_reference: whether `per_token`/`chunk_kernel` take a `reference=` keyword (a
             reference model's logits, or its hidden states and head as an `asft.ReferenceHead`), or a
             function of the hyper-parameters saying it (ASFT: only when `alpha != 0`); the trainer
@@ -78,6 +81,7 @@ class LossSpec:
     row_kernel: Callable[..., Any] | None = None
     scratch_rows: float = 0.0
     config_fields: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     uses_cost_embedding: bool = False
     validate: Callable[[dict], None] | None = None
     description: str = ""
@@ -101,6 +105,7 @@ def register_loss(
     row_kernel: Callable[..., Any] | None = None,
     scratch_rows: float = 0.0,
     config_fields: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
     uses_cost_embedding: bool = False,
     validate: Callable[[dict], None] | None = None,
     description: str = "",
@@ -129,6 +134,7 @@ def register_loss(
                 row_kernel=row_kernel,
                 scratch_rows=scratch_rows,
                 config_fields=dict(config_fields or {}),
+                defaults=dict(defaults or {}),
                 uses_cost_embedding=uses_cost_embedding,
                 validate=validate,
                 description=description,

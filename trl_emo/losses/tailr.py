@@ -15,7 +15,6 @@ from ._common import check_choice, check_number, weighted_nll_chunk, weighted_nl
 from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, triton, weighted_ce_grad
 from .registry import LossSpec
 
-
 FORMULAS = ("paper", "authors")
 # The floor the EMO repository's script puts on TaiLr's weight.
 AUTHORS_MIN_WEIGHT = 0.2
@@ -89,6 +88,7 @@ LOSS = LossSpec(
     chunk_kernel=chunk,
     row_kernel=rows,
     config_fields={"gamma": "tailr_gamma", "min_weight": "tailr_min_weight", "formula": "tailr_formula"},
+    defaults={"gamma": 0.8, "min_weight": None, "formula": "paper"},
     validate=check,
     description="TaiLr: total-variation-guided weighting of nll (Ji et al., 2023)",
 )

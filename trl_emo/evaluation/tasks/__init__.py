@@ -1,15 +1,11 @@
-"""The evaluation tasks of `trl-emo eval`, registered by name (`EvalConfig.task`).
-
-Built-in tasks live in this package, one module each; another package can add its own with an
-entry point in the group `trl_emo.evaluation_tasks` whose module calls `register_task`.
+"""The built-in evaluation tasks, one module each; importing this package registers them (`register_task`, in
+`trl_emo.evaluation.task_registry`, where `get_task` finds them by name). Another package adds its own with an entry
+point in the group `trl_emo.evaluation_tasks` whose module calls `register_task`.
 """
 
 from __future__ import annotations
 
-import difflib
-
-from ...cli_utils import ConfigError
-from ...plugins import load_plugins
+from ..task_registry import _TASKS, field_owners, get_task, register_task, task_names  # noqa: F401 - `_TASKS`: the same dict
 from .base import COMMON_FIELDS, EvalTask, GenerationPlan, ModelRun
 
 __all__ = [
@@ -17,50 +13,5 @@ __all__ = [
     "task_names",
 ]
 
-_TASKS: dict[str, type[EvalTask]] = {}
-
-
-def register_task(cls: type[EvalTask]) -> type[EvalTask]:
-    """Class decorator: make `cls` selectable as `task: <cls.name>`."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no `name`.")
-    if cls.name in _TASKS and _TASKS[cls.name] is not cls:
-        raise ValueError(f"An evaluation task named {cls.name!r} is already registered ({_TASKS[cls.name].__name__}).")
-    _TASKS[cls.name] = cls
-    return cls
-
-
-def _load_entry_points() -> None:
-    load_plugins("trl_emo.evaluation_tasks")
-
-
-def task_names() -> list[str]:
-    _load_entry_points()
-    return sorted(_TASKS)
-
-
-def get_task(name: str) -> type[EvalTask]:
-    if name not in _TASKS:
-        _load_entry_points()
-    if name not in _TASKS:
-        valid = task_names()
-        close = difflib.get_close_matches(str(name), valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"Unknown task {name!r}.{hint} Tasks: {', '.join(valid)}.")
-    return _TASKS[name]
-
-
-def field_owners() -> dict[str, tuple[str, ...]]:
-    """Task-specific `EvalConfig` field -> the tasks that own it (tasks may share one, as `humaneval` and `mbpp` do)."""
-    _load_entry_points()
-    owners: dict[str, tuple[str, ...]] = {}
-    for task in _TASKS.values():
-        for name in task.fields:
-            owners[name] = (*owners.get(name, ()), task.name)
-    return owners
-
-
 # Importing the built-in task modules registers them.
-from . import bon, ifeval, math  # noqa: E402,F401
-from . import continuation, icl  # noqa: E402,F401  (EMO Section 4: issue 13)
-from . import creative, humaneval, mbpp  # noqa: E402,F401  (issue 12)
+from . import bon, continuation, creative, humaneval, icl, ifeval, math, mbpp  # noqa: E402,F401  # noqa: E402,F401  (EMO Section 4: issue 13)  # noqa: E402,F401  (issue 12)

@@ -29,7 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...cli_utils import ConfigError
+from ...core.errors import ConfigError, HubSource
+from ...models.hub_ids import dataset_sources, model_sources
 from ..cache import JsonlCache
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class EvalTask:
     @classmethod
     def check_fields(cls, config: EvalConfig) -> None:
         """Refuse values set for fields this task ignores or that belong to another task (before defaults apply)."""
-        from . import field_owners
+        from ..task_registry import field_owners
 
         defaults = {f.name: f.default for f in dataclasses.fields(config)}
         owners = field_owners()
@@ -128,6 +129,23 @@ class EvalTask:
     @classmethod
     def check_config(cls, config: EvalConfig) -> None:
         """Task-specific validation after the defaults are applied (raise `ConfigError`)."""
+
+    @classmethod
+    def hub_sources(cls, config: EvalConfig) -> list[HubSource]:
+        """The Hugging Face Hub ids this task will load for `config`, with the field that named each, for the
+        preflight (`trl_emo.core.hub.check_sources`): each policy (or its adapter's base), the reward model, the prompt
+        set and the sentence encoder, as far as the task uses them. A task that loads more (or other) ids says so by
+        overriding this (`icl`: its benchmarks' datasets and retriever; `continuation`: MAUVE's featurizer)."""
+        ignores = set(cls.ignores)
+        sources = []
+        for name, path in config.policies.items():
+            sources += model_sources(f"policies[{name}]", path)
+        if config.reward_model and "reward_model" not in ignores:
+            sources += model_sources("reward_model", config.reward_model)
+        sources += dataset_sources("prompts", config.prompts)
+        if config.embedding_model and config.embedding_diversity and "embedding_model" not in ignores:
+            sources += model_sources("embedding_model", config.embedding_model)
+        return sources
 
     # ------------------------------------------------------------------ before any work
 

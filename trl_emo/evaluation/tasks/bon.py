@@ -9,14 +9,21 @@ from __future__ import annotations
 import re
 
 from .. import metrics
-from ..config import EvaluationError
+from ..errors import EvaluationError
+from ..math_answers import Equivalence
 from ..prompts import PromptSet
 from ..scoring import REFERENCE, score_references
-from ..math_answers import Equivalence
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import (
-    curve_rows, diversity, diversity_rows, response_rows, response_stats, reward_text, sampling_settings, sampling_text,
+    curve_rows,
+    diversity,
+    diversity_rows,
+    response_rows,
+    response_stats,
+    reward_text,
+    sampling_settings,
+    sampling_text,
 )
 
 

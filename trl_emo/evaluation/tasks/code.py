@@ -18,12 +18,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from ...cli_utils import ConfigError
+from ...core.errors import ConfigError
 from .. import metrics
 from ..code_execution import (
-    CHECKER_VERSION, CodeJob, extract_code, magicoder_prompt, run_checks, sanitize,
+    CHECKER_VERSION,
+    CodeJob,
+    extract_code,
+    magicoder_prompt,
+    run_checks,
+    sanitize,
 )
-from ..config import EvaluationError
+from ..errors import EvaluationError
 from ..generation import GREEDY
 from ..prompts import PromptSet, load_prompt_set, render_policy_prompt
 from ..report import fmt, table_lines

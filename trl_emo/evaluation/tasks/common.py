@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import metrics
-from ..config import EvalConfig, EvaluationError
+from ..config import EvalConfig
+from ..errors import EvaluationError
 from .base import ModelRun
 
 DIVERSITY_LABELS = (

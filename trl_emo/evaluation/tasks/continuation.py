@@ -27,14 +27,15 @@ import math
 import os
 import statistics
 
-from ...cli_utils import ConfigError
+from ...core.errors import ConfigError, HubSource
 from ...data.plain_text import CORPORA, documents_from_rows, find_corpus, is_wikitext_heading
 from ...data.schemas import DataError
+from ...models.hub_ids import model_sources
 from .. import metrics
-from ..config import EvaluationError
+from ..errors import EvaluationError
 from ..prompts import PromptExample, PromptSet, is_local, read_rows
 from ..report import fmt, table_lines
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import package_version
 
@@ -92,6 +93,16 @@ class ContinuationTask(EvalTask):
         if name in ("diversity", "embedding_diversity", "embedding_model"):
             return " (it reports distinct-n and repetition rates of the continuations)"
         return ""
+
+    @classmethod
+    def hub_sources(cls, config) -> list[HubSource]:
+        """Those of any task, and MAUVE's featurizer when MAUVE is on."""
+        from ..mauve_score import DEFAULT_FEATURIZER
+
+        sources = super().hub_sources(config)
+        if config.mauve:
+            sources += model_sources("mauve_featurizer", config.mauve_featurizer or DEFAULT_FEATURIZER)
+        return sources
 
     @classmethod
     def check_config(cls, config) -> None:

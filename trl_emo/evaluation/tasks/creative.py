@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 
-from ...cli_utils import ConfigError
-from ..config import EvaluationError
+from ...core.errors import ConfigError
+from ..errors import EvaluationError
 from ..prompts import PromptExample, PromptSet, is_local, read_rows
 from ..report import fmt, table_lines
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import diversity, response_rows, response_stats, sampling_settings, sampling_text
 

@@ -16,14 +16,15 @@ import difflib
 import hashlib
 import json
 
-from ...cli_utils import ConfigError
+from ...core.errors import ConfigError, HubSource
+from ...models.hub_ids import dataset_sources, model_sources
 from .. import icl_data
 from ..cache import JsonlCache
-from ..config import EvaluationError
+from ..errors import EvaluationError
 from ..icl_data import BENCHMARKS, HUB, candidate_prompts
 from ..prompts import PromptExample, PromptSet
 from ..report import fmt, table_lines
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, ModelRun
 
 # Part of the score caches' settings: bump when prompts or scoring change.
@@ -58,6 +59,22 @@ class IclTask(EvalTask):
         if name in ("n", "temperature", "top_k", "top_p", "max_new_tokens", "min_new_tokens", "greedy"):
             return " (it generates nothing: it scores candidate prompts)"
         return ""
+
+    @classmethod
+    def hub_sources(cls, config) -> list[HubSource]:
+        """The policies and the reward model as any task; the prompts are each benchmark's Hub dataset (when
+        `prompts` is the `hub` default), and the retriever, when one is set."""
+        sources = [s for s in super().hub_sources(config) if s.field != "prompts"]
+        if config.prompts == HUB:
+            for benchmark in config.icl_benchmarks or list(BENCHMARKS):
+                if benchmark in BENCHMARKS:
+                    sources.append(HubSource(f"prompts (icl benchmark {benchmark})", BENCHMARKS[benchmark].hub_id,
+                                             repo_type="dataset"))
+        else:
+            sources += dataset_sources("prompts", config.prompts)
+        if config.icl_retriever:
+            sources += model_sources("icl_retriever", config.icl_retriever)
+        return sources
 
     @classmethod
     def check_config(cls, config) -> None:

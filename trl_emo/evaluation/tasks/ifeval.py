@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 
 from .. import ifeval_checkers
-from ..config import EvaluationError
+from ..errors import EvaluationError
 from ..generation import GREEDY
 from ..prompts import PromptSet, load_prompt_set
 from ..report import fmt, table_lines
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import package_version, response_rows, response_stats
 

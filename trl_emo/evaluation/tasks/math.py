@@ -15,14 +15,20 @@ import json
 import os
 
 from .. import metrics
-from ..config import EvaluationError
+from ..errors import EvaluationError
 from ..generation import GREEDY
 from ..math_answers import Equivalence, cluster_answers, extract_math_answer, import_math_verify, math_gold
 from ..prompts import PROMPT_COLUMNS, PromptSet, load_prompt_set
-from . import register_task
+from ..task_registry import register_task
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import (
-    diversity, diversity_rows, package_version, response_rows, response_stats, reward_text, sampling_settings,
+    diversity,
+    diversity_rows,
+    package_version,
+    response_rows,
+    response_stats,
+    reward_text,
+    sampling_settings,
     sampling_text,
 )
 

@@ -11,8 +11,8 @@ are not run.
 from __future__ import annotations
 
 from ..code_execution import mbpp_problem
-from ..config import EvaluationError
-from . import register_task
+from ..errors import EvaluationError
+from ..task_registry import register_task
 from .code import CodeProblem, CodeTask
 
 SCHEMAS = "google-research-datasets/mbpp or evalplus/mbppplus (`text` or `prompt`, `test_list`)"

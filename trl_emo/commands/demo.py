@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
-DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/recipe_catalog.py)
+DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/commands/recipes.py)
 PRETRAINED_RECIPE = "demo_pretrained"  # with --model: LoRA on a pretrained model
 DEFAULTS = dict(max_steps=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=48)  # max_steps: the recipe's
 # `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
@@ -56,7 +56,7 @@ def make_parser(subparsers=None, prog: str | None = None):
 def resolve_settings(args) -> argparse.Namespace:
     """The demo's final settings: `--quick`'s values (or the defaults) for what was not given, the loss list split,
     the recipe found (a packaged name or a file; `RecipeNotFound` otherwise)."""
-    from .recipe_catalog import resolve_recipe
+    from .recipes import resolve_recipe
 
     defaults = QUICK if args.quick else DEFAULTS
     values = {name: getattr(args, name) if getattr(args, name) is not None else defaults[name] for name in DEFAULTS}
@@ -68,7 +68,7 @@ def resolve_settings(args) -> argparse.Namespace:
 
 def write_data(folder: Path):
     """Split the bundled sample into train/test JSONL files (one folder, one file per split)."""
-    from .data import alpaca_sample_path
+    from ..data import alpaca_sample_path
 
     rows = [json.loads(line) for line in open(alpaca_sample_path(), encoding="utf-8")]
     train = [r for i, r in enumerate(rows) if i % HELD_OUT_EVERY]
@@ -108,7 +108,7 @@ def train_one(loss_type, model_path, data_dir, run_dir: Path, recipe, max_steps,
 def recipe_settings(recipe: str) -> dict:
     """What evaluation must share with training: the recipe's `prompt_format` ("auto" when it sets none) and
     `max_length` (TRL's default 1,024 when it sets none), and whether it trains a LoRA adapter."""
-    from .cli_utils import load_yaml_mapping
+    from .command_line import load_yaml_mapping
 
     values = load_yaml_mapping(recipe)
     return {"prompt_format": values.get("prompt_format", "auto"), "max_length": values.get("max_length", 1024),
@@ -122,11 +122,11 @@ def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_to
     `run_dir`: a trained run (a full model or a LoRA adapter, merged) or any model folder or Hub id."""
     import torch
 
-    from .data import alpaca_prompt, resolve_prompt_format
-    from .data.prompts import user_content
-    from .evaluation.metrics import ngram_diversity, self_bleu_diversity
-    from .heldout import heldout_statistics, prepare_rows
-    from .sources import load_causal_lm, load_tokenizer
+    from ..data import alpaca_prompt, resolve_prompt_format
+    from ..data.prompts import user_content
+    from ..evaluation.metrics import ngram_diversity, self_bleu_diversity
+    from ..training.heldout import heldout_statistics, prepare_rows
+    from ..models.sources import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(run_dir))
     model = load_causal_lm(str(run_dir), dtype=torch.float32).eval()
@@ -185,9 +185,9 @@ def format_table(results: dict, seconds: dict) -> str:
 
 def main(args) -> int:
     """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
-    from .noise import quiet_optional_packages
-    from .recipe_catalog import RecipeNotFound
-    from .hub_check import offline_unless_hub
+    from ..core.noise import quiet_optional_packages
+    from .recipes import RecipeNotFound
+    from ..core.hub import offline_unless_hub
 
     quiet_optional_packages()
     offline_unless_hub(args.model)  # the tiny model, a local folder or .gguf file need no Hub
@@ -202,15 +202,15 @@ def main(args) -> int:
     train_rows, test_rows = write_data(data_dir)
     print(f"[demo] data: {len(train_rows)} training and {len(test_rows)} held-out rows (Alpaca-GPT4 schema) in {data_dir}")
     if args.model is None:
-        from .tiny import save_tiny_causal_lm
+        from ..models.tiny import save_tiny_causal_lm
 
         model_path = save_tiny_causal_lm(
             [r["text"] for r in train_rows], vocab_size=1024, chat_template=False, seed=0, **MODEL_SIZE
         )
         print(f"[demo] model: tiny Llama ({MODEL_SIZE['hidden_size']} hidden, {MODEL_SIZE['num_hidden_layers']} layers), cached in {model_path}")
     else:
-        from .hub_check import check_hub_ids
-        from .real_model import RealModelUnavailable, resolve_model
+        from ..models.hub_ids import check_hub_ids
+        from ..models.real_model import RealModelUnavailable, resolve_model
 
         # A Hub id that cannot be loaded (offline and not cached, gated, not found) is one line before any work.
         check_hub_ids({"--model": args.model})
@@ -266,7 +266,7 @@ def main(args) -> int:
 
 def run(argv=None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status."""
-    from .cli_utils import run_command
+    from .command_line import run_command
 
     return run_command(make_parser, main, argv)
 

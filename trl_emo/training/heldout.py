@@ -4,7 +4,7 @@ them.
 The demo and `benchmarks/real_model_study.py` compare losses by these numbers, so they are computed by one piece of
 code for every loss (TRL's `nll` logs its own metrics through another path): rows are formatted by the schema's
 adapter (`trl_emo.data.format_example`), tokenized and masked by TRL's own `_prepare_dataset`
-(`trl_emo._trl_compat.prepare_sft_examples`), and every target token counts once (a token-weighted mean, not a mean
+(`trl_emo.training.trl_compat.prepare_sft_examples`), and every target token counts once (a token-weighted mean, not a mean
 of per-row means).
 """
 
@@ -23,9 +23,9 @@ def prepare_rows(rows: Sequence[dict], tokenizer, schema: str, prompt_format: st
     there, pass that trainer's `args` (their `max_length` is then the one used)."""
     from datasets import Dataset
 
-    from ._trl_compat import prepare_sft_examples
+    from .trl_compat import prepare_sft_examples
     from .config import SFTConfig
-    from .data import format_example
+    from ..data import format_example
 
     formatted = Dataset.from_list([format_example(row, schema, prompt_format, system_prompt) for row in rows])
     # Only the fields `_prepare_dataset` reads matter; the rest are CPU-safe defaults.
@@ -59,7 +59,7 @@ def heldout_statistics(model, examples: Sequence[dict], batch_size: int = 16, pa
     Batches are right-padded (`pad_batch`); padded positions carry no label, so they never count."""
     import torch
 
-    from .losses import select_targets, token_statistics
+    from ..losses import select_targets, token_statistics
 
     if not examples:
         raise ValueError("heldout_statistics: no examples")

@@ -9,9 +9,9 @@ from typing import Any
 
 from trl import SFTConfig as _TRLSFTConfig
 
-from .losses import BACKENDS as FUSED_BACKENDS
-from .losses import get_loss, list_losses
-from .losses.registry import TRL_LOSS_TYPES
+from ..losses import BACKENDS as FUSED_BACKENDS
+from ..losses import get_loss, list_losses
+from ..losses.registry import TRL_LOSS_TYPES
 
 LOSS_IMPLEMENTATIONS = ("fused", "logits")
 
@@ -22,7 +22,14 @@ def _has_bf16_accelerator() -> bool:
     if torch.cuda.is_available():
         return True
     return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
 COST_EMBEDDING_SOURCES = ("frozen", "lm_head")
+
+
+def _default(loss_type: str, keyword: str):
+    """The default of a built-in loss's hyper-parameter, written once in its module (`LossSpec.defaults`)."""
+    return get_loss(loss_type).defaults[keyword]
 
 
 @dataclass
@@ -168,8 +175,8 @@ class SFTConfig(_TRLSFTConfig):
         default=None,
         metadata={"help": "MiB for one chunk's [positions, vocab] buffers (default 256 with Triton, 512 with PyTorch)."},
     )
-    gem_beta: float = field(default=0.7, metadata={"help": "GEM beta in (0, 1]."})
-    gem_h: str = field(default="linear", metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
+    gem_beta: float = field(default=_default("gem", "beta"), metadata={"help": "GEM beta in (0, 1]."})
+    gem_h: str = field(default=_default("gem", "h"), metadata={"help": "GEM h: 'linear' or 'logsigmoid'."})
     gem_target_entropy: float | None = field(
         default=None, metadata={"help": "Adapt gem_beta toward this mean token entropy (nats); default: fixed beta."}
     )
@@ -182,23 +189,33 @@ class SFTConfig(_TRLSFTConfig):
             "path to a [V, d'] tensor or a model."
         },
     )
-    emo_weighting: str = field(default="mle", metadata={"help": "EMO dynamic weighting: 'mle', 'emo' or 'none'."})
-    emo_demd: str = field(default="reference", metadata={"help": "EMO term value: 'reference' or 'paper'."})
-    emo_ratio_cap: float | None = field(default=None, metadata={"help": "Cap on EMO's dynamic weight (none by default)."})
-    tailr_gamma: float = field(default=0.8, metadata={"help": "TaiLr gamma in [0, 1]."})
+    emo_weighting: str = field(
+        default=_default("emo", "weighting"), metadata={"help": "EMO dynamic weighting: 'mle', 'emo' or 'none'."}
+    )
+    emo_demd: str = field(default=_default("emo", "demd"), metadata={"help": "EMO term value: 'reference' or 'paper'."})
+    emo_ratio_cap: float | None = field(
+        default=_default("emo", "ratio_cap"), metadata={"help": "Cap on EMO's dynamic weight (none by default)."}
+    )
+    tailr_gamma: float = field(default=_default("tailr", "gamma"), metadata={"help": "TaiLr gamma in [0, 1]."})
     tailr_min_weight: float | None = field(
-        default=None, metadata={"help": "Floor on TaiLr's weight (none: the paper's eq. 16)."}
+        default=_default("tailr", "min_weight"), metadata={"help": "Floor on TaiLr's weight (none: the paper's eq. 16)."}
     )
     tailr_formula: str = field(
-        default="paper",
+        default=_default("tailr", "formula"),
         metadata={"help": "TaiLr: 'paper' (eq. 16) or 'authors' (the EMO repository's nll-mixed baseline)."},
     )
-    mixce_gamma: float = field(default=0.8, metadata={"help": "MixCE gamma in [0, 1]."})
-    entropy_coef: float = field(default=0.1, metadata={"help": "Entropy coefficient of 'ce_entropy'."})
-    eaft_alpha: float = field(default=1.0, metadata={"help": "EAFT exponent of the normalised entropy (>= 0)."})
-    eaft_entropy: str = field(default="topk", metadata={"help": "EAFT entropy: 'topk' or 'full'."})
-    eaft_topk: int = field(default=20, metadata={"help": "k of EAFT's top-k entropy."})
-    asft_alpha: float = field(default=0.1, metadata={"help": "ASFT weight of KL(reference || model) (>= 0; 0 is DFT)."})
+    mixce_gamma: float = field(default=_default("mixce", "gamma"), metadata={"help": "MixCE gamma in [0, 1]."})
+    entropy_coef: float = field(
+        default=_default("ce_entropy", "coef"), metadata={"help": "Entropy coefficient of 'ce_entropy'."}
+    )
+    eaft_alpha: float = field(
+        default=_default("eaft", "alpha"), metadata={"help": "EAFT exponent of the normalised entropy (>= 0)."}
+    )
+    eaft_entropy: str = field(default=_default("eaft", "entropy"), metadata={"help": "EAFT entropy: 'topk' or 'full'."})
+    eaft_topk: int = field(default=_default("eaft", "topk"), metadata={"help": "k of EAFT's top-k entropy."})
+    asft_alpha: float = field(
+        default=_default("asft", "alpha"), metadata={"help": "ASFT weight of KL(reference || model) (>= 0; 0 is DFT)."}
+    )
     asft_ref_model: str | None = field(
         default=None,
         metadata={"help": "ASFT reference model (folder or Hub id); default: the model's starting weights."},
@@ -291,7 +308,8 @@ class SFTConfig(_TRLSFTConfig):
 
 
 def loss_defaults(loss_type: str) -> dict[str, Any]:
-    """The hyper-parameters of a registered loss as `SFTConfig` sets them by default (their one home)."""
+    """The hyper-parameters of a registered loss as `SFTConfig` sets them by default (from `LossSpec.defaults` for the
+    built-in losses, whose fields take them from there)."""
     import dataclasses
 
     fields = {f.name: f for f in dataclasses.fields(SFTConfig)}

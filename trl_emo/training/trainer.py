@@ -17,10 +17,10 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import SFTTrainer as _TRLSFTTrainer
 
-from . import _trl_compat as compat
+from . import trl_compat as compat
 from .config import SFTConfig
-from .generation_eos import add_end_of_turn_to_generation_config
-from .losses.registry import TRL_LOSS_TYPES
+from ..models.generation_eos import add_end_of_turn_to_generation_config
+from ..losses.registry import TRL_LOSS_TYPES
 from .objective import Objective, output_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class SFTTrainer(_TRLSFTTrainer):
     def __init__(self, model, args=None, *positional, **kwargs):
         args = _as_trl_emo_config(args, model)
         self._objective = None
-        self._reference = None  # ASFT's reference model (trl_emo.reference.ReferenceModel)
-        self._gem_schedule = None  # GEM's adaptive beta (trl_emo.gem_schedule.GemBetaSchedule)
+        self._reference = None  # ASFT's reference model (trl_emo.training.reference.ReferenceModel)
+        self._gem_schedule = None  # GEM's adaptive beta (trl_emo.training.gem_schedule.GemBetaSchedule)
         self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
         self._eval_sums = _MetricSums()  # this evaluation's, logged at its end
         if args.loss_type not in TRL_LOSS_TYPES:

@@ -10,8 +10,10 @@ import argparse
 import os
 import sys
 
-from ..cli_utils import CommandLine, ConfigError, check_parsed, run_command
-from .config import EvalConfig, EvaluationError
+from .command_line import CommandLine, check_parsed, run_command
+from ..core.errors import ConfigError
+from ..evaluation.config import EvalConfig
+from ..evaluation.errors import EvaluationError
 
 NAME = "trl_emo.evaluate"
 HELP = "Evaluate several models side by side on one task (best-of-n by default); --list_tasks lists the tasks."
@@ -21,7 +23,7 @@ class ListTasks(argparse.Action):
     """`--list_tasks`: print the registered tasks and exit, like `--help` (before the configuration is checked)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .tasks import get_task, task_names
+        from ..evaluation.task_registry import get_task, task_names
 
         for name in task_names():
             print(f"{name:<12} {get_task(name).title}")
@@ -29,9 +31,9 @@ class ListTasks(argparse.Action):
 
 
 def make_parser(subparsers=None, prog: str | None = None):
-    """The command's parser (`trl_emo.cli_parser.CommandParser` over `EvalConfig`); with `subparsers`, registered
+    """The command's parser (`trl_emo.commands.parser.CommandParser` over `EvalConfig`); with `subparsers`, registered
     there as `eval`."""
-    from ..cli_parser import command_parser
+    from .parser import command_parser
 
     parser = command_parser(
         (EvalConfig,), subparsers, name="eval", help="evaluate models side by side (best-of-n by default)",
@@ -48,15 +50,15 @@ def main(args: CommandLine) -> int:
 
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     """
-    from ..hub_check import HubAccessError
-    from ..noise import quiet_optional_packages
-    from ..sources import SourceError
+    from ..core.errors import HubAccessError
+    from ..core.noise import quiet_optional_packages
+    from ..models.sources import SourceError
 
     check_parsed(args, NAME)
     quiet_optional_packages()
     (config,) = args.values
     try:
-        from .pipeline import run_evaluation
+        from ..evaluation.pipeline import run_evaluation
 
         run_evaluation(config)
     except (ConfigError, EvaluationError, SourceError, HubAccessError) as exc:

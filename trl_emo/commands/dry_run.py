@@ -1,4 +1,4 @@
-"""What `--dry_run` prints: the final configuration of a run (`trl_emo.run_config`) and a few training examples as the
+"""What `--dry_run` prints: the final configuration of a run (`trl_emo.commands.run_config`) and a few training examples as the
 model will read them, without loading the model."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from .cli_utils import dump_sections, non_default_fields
+from .command_line import dump_sections, non_default_fields
 
 MASK_OPEN, MASK_CLOSE = "«", "»"
 
@@ -14,8 +14,8 @@ MASK_OPEN, MASK_CLOSE = "«", "»"
 def format_sft_configuration(run) -> str:
     """The loss fields first (the selected loss's hyper-parameters only), then every section of the recipe: script and
     data arguments in full, model and training arguments where they differ from the defaults."""
-    from .losses import get_loss
-    from .losses.registry import TRL_LOSS_TYPES
+    from ..losses import get_loss
+    from ..losses.registry import TRL_LOSS_TYPES
 
     training_args = run.training_args
     loss_fields = ["loss_type", "loss_implementation"]
@@ -59,7 +59,7 @@ def render_masked(tokenizer, input_ids, labels) -> str:
 def print_sft_dry_run(run, out=None):
     """The configuration of an `SFTRun`, then `run_args.dry_run_examples` training examples tokenized and labelled
     exactly as TRL's trainer will (the part without loss in « »). Returns the prepared examples."""
-    from ._trl_compat import prepare_sft_examples
+    from ..training.trl_compat import prepare_sft_examples
 
     out = out or sys.stdout
     print("# trl_emo.sft --dry_run: resolved configuration", file=out)

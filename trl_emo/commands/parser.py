@@ -1,7 +1,7 @@
 """`CommandParser`: the parser of the recipe-driven commands (`trl_emo.sft`, `trl_emo.dpo`, `trl_emo.evaluate`).
 
 A subclass of TRL's `TrlParser`, so a command's `make_parser(subparsers=None)` looks like TRL's scripts'; kept apart
-from `cli_utils` because importing TRL is slow and the light helpers there are imported everywhere.
+from `command_line` because importing TRL is slow and the light helpers there are imported everywhere.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from collections.abc import Iterable, Sequence
 
 from trl import TrlParser
 
-from .cli_utils import (
+from .command_line import (
     BF16_WITHOUT_GPU,
     RECIPE_HELP,
     RENAMED_FIELDS,
     CommandLine,
-    ConfigError,
     _field_default,
     _given_flags,
     _known_fields,
@@ -27,6 +26,7 @@ from .cli_utils import (
     normalize_argv,
     unknown_key_message,
 )
+from ..core.errors import ConfigError
 
 
 class CommandParser(TrlParser):
@@ -93,7 +93,7 @@ class CommandParser(TrlParser):
     def _read_recipe(self, argv: list[str], known: set[str]) -> tuple[list[str], dict, str | None]:
         """(argv without `--config FILE`, the recipe's values under the installed names, the recipe file); the
         recipe's `env` mapping goes to the environment, as TrlParser does."""
-        from .recipe_catalog import RecipeNotFound, resolve_recipe
+        from .recipes import RecipeNotFound, resolve_recipe
 
         if "--config" not in argv:
             return argv, {}, None
@@ -150,3 +150,22 @@ def command_parser(dataclass_types, subparsers=None, name: str | None = None, he
     if subparsers is not None:
         return subparsers.add_parser(name, help=help, dataclass_types=dataclass_types, **kwargs)
     return CommandParser(dataclass_types, **kwargs)
+
+
+def parse_command_line(
+    dataclass_types: Sequence[type],
+    argv: Sequence[str] | None = None,
+    extra_known: Iterable[str] = (),
+    prog: str | None = None,
+    description: str | None = None,
+) -> CommandLine:
+    """`CommandParser(dataclass_types, ...).parse_command_line(argv)` : a recipe plus flags
+    (flags win) parsed into instances of `dataclass_types`. `extra_known` names recipe keys consumed elsewhere; `prog`
+    and `description` head the `--help` text."""
+    parser = CommandParser(dataclass_types, extra_known=extra_known, prog=prog, description=description)
+    return parser.parse_command_line(argv)
+
+
+def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):
+    """`parse_command_line(...).values`: the parsed dataclass instances."""
+    return parse_command_line(dataclass_types, argv, extra_known).values

@@ -5,7 +5,8 @@ arguments as they will be used, the tokenizer, the formatted datasets and the tr
 Every change made to the parsed arguments (`resume_from_checkpoint` resolved, `assistant_only_loss` turned on for
 conversations or routed through the completion-only loss, `model_init_kwargs` filled from `ModelConfig`) happens in
 those two functions and nowhere else, so `main` reads the final configuration, and `--dry_run` prints it
-(`trl_emo.dry_run`). The commands `trl_emo.sft` and `trl_emo.dpo` are thin layers over this module.
+(`trl_emo.commands.dry_run`). The commands `trl_emo.sft` and `trl_emo.dpo` are thin layers over this module; how a
+run ends (`end_run`, `save_outputs`) is `trl_emo.training.finish`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli_utils import CommandLine, ConfigError
+from ..core.errors import ConfigError
+from ..training.finish import _FINAL_BARRIERS, end_run, final_barrier, save_outputs  # noqa: F401 - re-exported
+from .command_line import CommandLine
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +50,8 @@ def sft_dataclass_types() -> tuple:
     `trl_emo.data.DataArguments` and `RunArguments`, in that order."""
     from trl import ModelConfig, ScriptArguments
 
-    from .config import SFTConfig
-    from .data import DataArguments
+    from ..training.config import SFTConfig
+    from ..data import DataArguments
 
     return (ScriptArguments, SFTConfig, ModelConfig, DataArguments, RunArguments)
 
@@ -57,7 +60,7 @@ def dpo_dataclass_types() -> tuple:
     """What a `trl_emo.dpo` recipe holds: as `sft_dataclass_types`, with TRL's `DPOConfig` for the training fields."""
     from trl import DPOConfig, ModelConfig, ScriptArguments
 
-    from .data import DataArguments
+    from ..data import DataArguments
 
     return (ScriptArguments, DPOConfig, ModelConfig, DataArguments, RunArguments)
 
@@ -158,7 +161,7 @@ class SFTRun:
         info: what the dataset loader found (`trl_emo.data.DatasetInfo`).
         trainer_kwargs: the trainer's `quantization_config` and `peft_config`.
         notes: lines worth telling the user (printed by `--dry_run`, logged before training).
-        hub_sources: the Hub ids the run loads, with their fields (`trl_emo.hub_check`), already checked.
+        hub_sources: the Hub ids the run loads, with their fields (`trl_emo.core.hub`), already checked.
     """
 
     script_args: Any
@@ -179,15 +182,16 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     """Resolve a parsed `trl_emo.sft` command line into the run's final configuration.
 
     In order: required fields checked; `resume_from_checkpoint` resolved; an empty `chat_template_path` unset; every
-    Hub id of the run checked (`trl_emo.hub_check`); the tokenizer loaded (with that template); the datasets loaded
+    Hub id of the run checked (`trl_emo.core.hub`); the tokenizer loaded (with that template); the datasets loaded
     and formatted; `assistant_only_loss` turned on for `messages` data unless the user set it, and, when the chat
     template has no `{% generation %}` markers, the conversations routed through TRL's completion-only loss
     (`assistant_only_loss` off again, same loss); packing advice for plain-text corpora logged; the eval split
     checked; `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError`, or `HubAccessError` for
     a Hub id the run cannot load, in one line.
     """
-    from .data import load_sft_datasets
-    from .hub_check import check_sources, hub_errors, sft_sources
+    from ..data import load_sft_datasets
+    from ..core.hub import check_sources, hub_errors
+    from .preflight import sft_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
     notes = list(args.notes)
@@ -218,8 +222,8 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
             "(no chat template); pass --assistant_only_loss false (prompt/completion data is masked anyway)."
         )
     if training_args.assistant_only_loss:
-        from ._trl_compat import template_masks_assistant_turns
-        from .data.chat_masking import route_conversations
+        from ..training.trl_compat import template_masks_assistant_turns
+        from ..data.chat_masking import route_conversations
 
         if info.output_format == "messages":
             template_source = training_args.chat_template_path or model_args.model_name_or_path
@@ -241,7 +245,7 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
             )
     info.assistant_only_loss = training_args.assistant_only_loss
     if info.schema == "plain_text":
-        from .data.plain_text import packing_warnings
+        from ..data.plain_text import packing_warnings
 
         for warning in packing_warnings(training_args):
             logger.warning(warning)
@@ -284,8 +288,8 @@ class DPORun:
 
 def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_remote_code: bool) -> str:
     """The folder (or Hub id) DPO starts from: the SFT model itself, or its LoRA/QLoRA adapter merged into the base
-    once (`trl_emo.sources.merge_adapter_to`), so that the DPO reference is the SFT model, not the base."""
-    from . import sources
+    once (`trl_emo.models.sources.merge_adapter_to`), so that the DPO reference is the SFT model, not the base."""
+    from ..models import sources
 
     if not sources.is_adapter(model_name_or_path):
         return model_name_or_path
@@ -304,13 +308,14 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     """Resolve a parsed `trl_emo.dpo` command line into the run's final configuration.
 
     In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located; every Hub id
-    of the run checked (`trl_emo.hub_check`); an adapter merged (except in a dry run); its tokenizer loaded (a pad
+    of the run checked (`trl_emo.core.hub`); an adapter merged (except in a dry run); its tokenizer loaded (a pad
     token added as TRL would); the preference data loaded and formatted; the eval split checked; `model_init_kwargs`
     filled from `ModelConfig`.
     """
-    from . import sources
-    from .data import load_dpo_datasets
-    from .hub_check import check_sources, dpo_sources, hub_errors
+    from ..models import sources
+    from ..data import load_dpo_datasets
+    from ..core.hub import check_sources, hub_errors
+    from .preflight import dpo_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
     _require(
@@ -345,47 +350,3 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
         script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,
         trainer_model_kwargs(model_args, quantization_config), list(args.notes), hub_sources,
     )
-
-
-# The last barrier of a distributed command; see `end_run`.
-_FINAL_BARRIERS: list = []
-
-
-def end_run(trainer) -> None:
-    """End a training command: a last barrier across the processes, then the process groups are destroyed.
-
-    Under `accelerate launch` with gloo (CPU DDP, FSDP2, DeepSpeed) a rank used to abort at exit ("terminate called
-    without an active exception", SIGABRT; 7 runs in 40 of the shipped ZeRO-3 config on 2 CPU processes). The core
-    dump shows why: a gloo worker thread drops the last reference to a finished collective (here `AsyncAllgatherWork`,
-    in `ProcessGroupGloo::runLoop`) a moment after the main thread has returned from waiting on it, and freeing that
-    collective's tensors needs the GIL; when the main thread has reached interpreter shutdown by then, the worker
-    thread is killed inside a destructor. `destroy_process_group` does not stop those threads (DeepSpeed and
-    accelerate still hold the groups). A plain barrier moves the problem to the barrier, which keeps every unfinished
-    collective alive until the worker frees it. So this barrier's handle is kept for the life of the process: the
-    worker thread then only drops a reference, which needs no GIL, and the objects are freed on the main thread.
-    The barrier also keeps any rank from exiting before the main process has written the model."""
-    if not final_barrier():
-        trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
-
-
-def final_barrier() -> bool:
-    """Wait for every process at the end of a command and keep the barrier's handle (see `end_run`); False when
-    there is no torch.distributed process group to wait on."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return False
-    barrier = dist.barrier(async_op=True)
-    barrier.wait()
-    _FINAL_BARRIERS.append(barrier)
-    return True
-
-
-def save_outputs(trainer, output_dir: str) -> None:
-    """Save the model (or adapter), tokenizer and generation config where DPO and evaluation will read them."""
-    trainer.save_model(output_dir)
-    if trainer.accelerator.is_main_process:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        # An adapter folder gets the generation config too, so the end-of-turn EOS survives merging.
-        model.generation_config.save_pretrained(output_dir)

@@ -14,9 +14,9 @@ import os
 
 import torch
 
-from ._trl_compat import gather_lm_head, head_parameters
-from .losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
-from .losses.fused import FusedLossOutput, HeadTransform
+from .trl_compat import gather_lm_head, head_parameters
+from ..losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
+from ..losses.fused import FusedLossOutput, HeadTransform
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,13 @@
 """What the commands (`trl_emo.sft`, `trl_emo.dpo`, `trl_emo.evaluate`, `trl-emo demo`) share for their command line.
 
-The recipe-driven commands parse with `trl_emo.cli_parser.CommandParser`, TRL's `TrlParser` (YAML file + CLI flags,
-CLI wins) plus what it lacks: `--recipe` as an alias of `--config` that also takes the name of a packaged recipe,
-clear errors for a missing file, a file that is not a YAML mapping, or an unknown key (with the closest valid
+The recipe-driven commands parse with `trl_emo.commands.parser.CommandParser`, TRL's `TrlParser` (YAML file + CLI
+flags, CLI wins) plus what it lacks: `--recipe` as an alias of `--config` that also takes the name of a packaged
+recipe, clear errors for a missing file, a file that is not a YAML mapping, or an unknown key (with the closest valid
 names), the record of which fields the user set explicitly (`CommandLine`), deprecated field names translated (so a
 flag under either name wins), and dry runs that do not need a GPU. This module holds the light pieces (no TRL
-import): the errors, the recipe-reading helpers, `CommandLine`, `run_command` (parse, then the command's `main`,
-with exit statuses) and the helpers that print configurations.
+import): the recipe-reading helpers, `CommandLine`, `run_command` (parse, then the command's `main`, with exit
+statuses) and the helpers that print configurations; `ConfigError` is `trl_emo.core.errors`' (re-exported), and
+parsing itself (`parse_command_line`, `parse_config`) is `trl_emo.commands.parser`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 
-
-class ConfigError(ValueError):
-    """A recipe or command line that cannot be used as given."""
+from ..core.errors import ConfigError, HubAccessError
 
 
 def _known_fields(dataclass_types: Iterable[type]) -> set[str]:
@@ -169,31 +168,14 @@ def check_parsed(args, command: str) -> None:
         )
 
 
-def parse_command_line(
-    dataclass_types: Sequence[type],
-    argv: Sequence[str] | None = None,
-    extra_known: Iterable[str] = (),
-    prog: str | None = None,
-    description: str | None = None,
-) -> CommandLine:
-    """`CommandParser(dataclass_types, ...).parse_command_line(argv)` (`trl_emo.cli_parser`): a recipe plus flags
-    (flags win) parsed into instances of `dataclass_types`. `extra_known` names recipe keys consumed elsewhere; `prog`
-    and `description` head the `--help` text."""
-    from .cli_parser import CommandParser
-
-    parser = CommandParser(dataclass_types, extra_known=extra_known, prog=prog, description=description)
-    return parser.parse_command_line(argv)
-
-
 def run_command(make_parser, main, argv: Sequence[str] | None = None, error_prefix: str = "") -> int:
     """Parse `argv` (default `sys.argv[1:]`) with `make_parser()` and run `main` on the result; the exit status.
 
-    The notices of unused optional packages are held back before anything is imported (`trl_emo.noise`). An unusable
-    command line, or a Hub id the command cannot load (`trl_emo.hub_check.HubAccessError`, raised by `main`), is a
+    The notices of unused optional packages are held back before anything is imported (`trl_emo.core.noise`). An unusable
+    command line, or a Hub id the command cannot load (`trl_emo.core.errors.HubAccessError`, raised by `main`), is a
     one-line error on stderr (status 2); `--help` prints the help (status 0).
     """
-    from .hub_check import HubAccessError
-    from .noise import quiet_optional_packages
+    from ..core.noise import quiet_optional_packages
 
     quiet_optional_packages()
     parser = make_parser()
@@ -212,11 +194,6 @@ def run_command(make_parser, main, argv: Sequence[str] | None = None, error_pref
     except HubAccessError as exc:  # for every command, `trl-emo demo --model` included
         print(f"{error_prefix}: error: {exc}" if error_prefix else f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def parse_config(dataclass_types: Sequence[type], argv: Sequence[str] | None = None, extra_known: Iterable[str] = ()):
-    """`parse_command_line(...).values`: the parsed dataclass instances."""
-    return parse_command_line(dataclass_types, argv, extra_known).values
 
 
 def plain(value):

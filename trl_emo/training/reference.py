@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from ._trl_compat import head_parameters, logit_transform
+from .trl_compat import head_parameters, logit_transform
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ class ReferenceModel:
             reference.__dict__.pop("forward", None)
             kind = "copy"
         else:
-            from .hub_check import hub_errors, model_sources
-            from .sources import load_causal_lm
+            from ..core.hub import hub_errors
+            from ..models.hub_ids import model_sources
+            from ..models.sources import load_causal_lm
 
             parameter = next(policy.parameters())
             # A Hub failure (offline, gated, not found...) is one line naming `asft_ref_model`.

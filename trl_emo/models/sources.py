@@ -1,17 +1,13 @@
-"""Where models, adapters and data come from: one rule for "local path or Hub id?", one way to load a model or a
-LoRA adapter.
+"""Where models and adapters come from: one way to load a model or a LoRA adapter.
 
-- `locate(name)`: a name that exists on disk is local; a name shaped like a Hub id (`name` or `owner/name`) that
-  does not is a Hub id; anything else is a local path that is missing. Every command uses this rule: datasets
-  (`trl_emo.data.loading`), models and adapters (`trl_emo.sft`, `trl_emo.dpo`, the evaluation), EMO's cost
-  embedding, prompt sets.
 - `load_causal_lm(path)`: a full model, or a LoRA/QLoRA adapter folder merged into its base model once, the base's
   token embeddings resized first when the SFT run added tokens (a cloned chat template), as the adapter was trained
   on the resized model. `merge_adapter_to` saves such a merge (DPO starts from it). `load_tokenizer(path)`: the
   adapter's own tokenizer when it saved one, else its base's.
 
-Datasets themselves are read by `trl_emo.data.loading` (`resolve_source`, `load_split`), which uses `locate`.
-Nothing here imports trainer code or heavy packages at module level (`trl_emo.losses` imports it).
+Whether a name is a local path or a Hub id is `trl_emo.core.hub.locate`'s rule (re-exported here), the one every
+layer follows; datasets are read by `trl_emo.data.loading` (`resolve_source`, `load_split`).
+Nothing here imports trainer code or heavy packages at module level.
 """
 
 from __future__ import annotations
@@ -20,42 +16,17 @@ import hashlib
 import json
 import logging
 import os
-import re
-from pathlib import Path
+
+from ..core.hub import PATH_SUFFIXES, locate, looks_like_path  # noqa: F401 - re-exported: the one path-or-Hub rule
 
 logger = logging.getLogger(__name__)
 
-# Extensions that mark a name as a file path even when nothing exists there, so the error is "not found" rather
-# than a failed Hub download: data files, tensor files, archives.
-PATH_SUFFIXES = {
-    ".json", ".jsonl", ".parquet", ".csv", ".arrow", ".txt", ".tsv", ".gz", ".zip", ".xz", ".zst", ".pkl",
-    ".safetensors", ".pt", ".pth", ".bin", ".npy", ".yaml", ".yml", ".jinja", ".j2", ".gguf",
-}
-# `name` or `owner/name`, letters, digits, `_`, `-` and `.` (the Hub's repository ids).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 ADAPTER_CONFIG = "adapter_config.json"
 MERGE_STAMP = "trl_emo_merged_from.json"
 
 
 class SourceError(ValueError):
     """A model or adapter that cannot be used as given (an adapter naming no base model...)."""
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether `name` can only be a local path: it is not shaped like a Hub id (`name` or `owner/name`: it starts
-    with `.`, `/` or `~`, holds a backslash, a space or a second `/`...), or it ends with a file extension."""
-    return not _HUB_ID.match(name) or Path(name).suffix.lower() in PATH_SUFFIXES
-
-
-def locate(name: str) -> tuple[str, str]:
-    """`("local", path)` when `name` exists on disk (`~` expanded); `("hub", name)` when it does not but can be a Hub
-    id; `("missing", path)` when it can only be a local path, and nothing is there."""
-    path = os.path.expanduser(name)
-    if os.path.exists(path):
-        return "local", path
-    if looks_like_path(name):
-        return "missing", path
-    return "hub", name
 
 
 # -- adapters ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every place where trl_emo copies, patches or calls a private part of TRL, in one module.
+"""Every place where trl_emo's training layer copies, patches or calls a private part of TRL, in one module.
 
 TRL's internals change between releases (`loss_type` gained and deprecated `chunked_nll`; the fused head
 is recent), so each piece below names the TRL version and the source (file, function) it mirrors, and
@@ -10,8 +10,7 @@ Pieces (all mirror TRL 1.16.0):
 
 - `logit_transform`: how the fused head reads logit scaling and soft-capping from the model config
   (`trl/trainer/utils.py`, `add_fused_lm_head`).
-- `gather_lm_head`, `has_generation_markers`: TRL helpers outside TRL's top-level API, re-exported so
-  that no other module imports them.
+- `gather_lm_head`: a TRL helper outside TRL's top-level API, re-exported so that no other module imports it.
 - `add_objective_head`, `head_parameters`, `ObjectiveOutput`: the model forward that computes a trl_emo
   loss from the hidden states, modelled on (and wrapped around) TRL's patched forward
   (`trl/trainer/utils.py`, `add_fused_lm_head._fused_forward`).
@@ -23,10 +22,13 @@ Pieces (all mirror TRL 1.16.0):
 - `loss_weight`, `gather_step`, `gather_eval_batch`: how transformers' `Trainer` (5.23, under TRL's `SFTTrainer`)
   weights each batch in the `loss` and `eval_loss` it logs (`Trainer.training_step`, `_maybe_log_save_evaluate`,
   `evaluation_loop`), so that trl_emo's metrics are averaged the same way and `objective` equals `loss`.
-- `template_masks_assistant_turns`, `prepare_sft_examples`: how `SFTTrainer.__init__` picks the training
-  chat template and the completion-only loss, and `SFTTrainer._prepare_dataset`, called without a trainer
-  for `--dry_run` (TRL 1.16 has no public function that prepares a dataset without building a trainer,
-  hence a model) (`trl/trainer/sft_trainer.py`).
+- `prepare_sft_examples`: `SFTTrainer._prepare_dataset`, called without a trainer for `--dry_run` and the held-out
+  statistics (TRL 1.16 has no public function that prepares a dataset without building a trainer, hence a model)
+  (`trl/trainer/sft_trainer.py`).
+
+The pieces the data layer needs, which sits below this one (`has_generation_markers`,
+`template_masks_assistant_turns`: how `SFTTrainer.__init__` picks the training chat template and the completion-only
+loss), are `trl_emo.data.trl_compat`'s, re-exported here; `tests/test_trl_compat.py` covers both modules.
 
 The list of TRL's own loss types stays `trl_emo.losses.registry.TRL_LOSS_TYPES` (the losses package imports
 nothing from TRL); `tests/test_trl_compat.py` checks it against TRL's.
@@ -44,7 +46,8 @@ from typing import Any
 
 from transformers.utils import ModelOutput
 
-TRL_VERSION = "1.16.0"  # the TRL release every piece below was copied from and is tested against
+# Re-exported: the data layer's pieces of the seam (see the docstring).
+from ..data.trl_compat import TRL_VERSION, has_generation_markers, template_masks_assistant_turns  # noqa: F401
 
 
 # -- helpers outside TRL's top-level API --------------------------------------------------------------------------
@@ -58,20 +61,13 @@ def gather_lm_head(*params):
     return maybe_gather_lm_head_ctx(*params)
 
 
-def has_generation_markers(chat_template) -> bool:
-    """TRL's `has_generation_markers` (`trl/chat_template_utils.py`)."""
-    from trl.chat_template_utils import has_generation_markers as trl_has_generation_markers
-
-    return trl_has_generation_markers(chat_template)
-
-
 # -- the fused head: logit transform and the patched forward ------------------------------------------------------
 
 
 def logit_transform(model):
     """The logit scale and soft-cap a model applies after its head, read from the config as TRL's fused head reads
     them (TRL 1.16 `trl/trainer/utils.py`, `add_fused_lm_head`), as a `HeadTransform`."""
-    from .losses.fused import HeadTransform
+    from ..losses.fused import HeadTransform
 
     config = model.config.get_text_config()
     softcap = getattr(config, "final_logit_softcapping", None)
@@ -133,7 +129,7 @@ def add_objective_head(model, objective, reference=None) -> None:
     head bias, transform)` for the same batch, computed without gradient; its hidden states are shifted and masked
     like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
     """
-    from .losses import select_targets
+    from ..losses import select_targets
 
     # Everything below is looked up on `self` at call time, never through a closure over this instance:
     # `copy.deepcopy(model)` rebinds the method to the copy, which must then run its own weights. (TRL's patch calls
@@ -170,7 +166,7 @@ def add_objective_head(model, objective, reference=None) -> None:
         targets, mask = targets.to(weight.device), mask.to(weight.device)
         extra = {}
         if reference is not None:
-            from .losses.asft import ReferenceHead
+            from ..losses.asft import ReferenceHead
 
             ref_hidden, ref_weight, ref_bias, ref_transform = reference(self, args, kwargs)
             if shift_labels is None:
@@ -325,20 +321,6 @@ def outputs_for_metrics(model, logits_inputs: dict):
 # -- SFT data preparation (--dry_run) ------------------------------------------------------------------------------
 
 
-def template_masks_assistant_turns(tokenizer) -> bool:
-    """Whether TRL can build an assistant mask with this tokenizer's chat template, as is or with the training
-    template TRL swaps in for the model families it knows (TRL 1.16 `SFTTrainer.__init__`)."""
-    from trl.chat_template_utils import get_training_chat_template
-
-    if has_generation_markers(tokenizer.chat_template):
-        return True
-    try:
-        get_training_chat_template(tokenizer)
-    except ValueError:
-        return False
-    return True
-
-
 def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
     """Tokenize and label the first `n` rows of `dataset` exactly as TRL's `SFTTrainer` does, without building the
     trainer or loading the model.
@@ -362,7 +344,7 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
     if completion_only is None:
         completion_only = "prompt" in sample and "completion" in sample
     if training_args.assistant_only_loss and not is_conversational(sample):
-        from .cli_utils import ConfigError
+        from ..core.errors import ConfigError
 
         raise ConfigError("assistant_only_loss=True needs conversational data, but the formatted dataset is not.")
     stand_in = types.SimpleNamespace(_tokenizer=tokenizer, completion_only_loss=completion_only, chat_template=chat_template)

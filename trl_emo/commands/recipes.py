@@ -21,7 +21,7 @@ class RecipeNotFound(FileNotFoundError):
 
 def recipes_dir() -> Path:
     """The folder of the packaged recipes: `trl_emo/recipes/` when installed, `recipes/` in a source checkout."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # trl_emo/ (this module is trl_emo/commands/recipes.py)
     installed = package / "recipes"
     if installed.is_dir():
         return installed
