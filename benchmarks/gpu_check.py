@@ -47,8 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
-LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "gem_ls", "nll", "cce_nll", "torch_lce", "emo_live"]
-STEP_VARIANTS = ["nll", "gem", "gem_ls", "emo"]
+LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
+                 "torch_lce", "emo_live"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls"]
 QLORA_VARIANTS = ["nll", "gem", "emo"]
 ROW_KERNELS = ["nll", "gem_logsigmoid", "emo"]
 ROW_CANDIDATES = [(2048, 4), (4096, 8), (8192, 16), (16384, 16)]
@@ -312,18 +313,25 @@ def stage_rowconf(report: Report, stage: Stage, budget: Budget) -> None:
     report.save()
 
 
+ONLY: list[str] | None = None  # --variants
+
+
+def _only(variants: list[str]) -> list[str]:
+    return [v for v in variants if ONLY is None or v in ONLY]
+
+
 def stage_loss(report: Report, stage: Stage, budget: Budget) -> None:
     columns = ["seconds", "peak_extra_bytes", "loss_rel_error", "grad_hidden_rel_error", "grad_head_rel_error"]
 
     def command(variant):
         return _self("--_loss", variant)
 
-    _run_variants(report, stage, budget, LOSS_VARIANTS, command, columns)
+    _run_variants(report, stage, budget, _only(LOSS_VARIANTS), command, columns)
 
 
 def stage_step(report: Report, stage: Stage, budget: Budget, qlora: bool = False) -> None:
     columns = ["step_seconds", "peak_bytes", "last_loss"]
-    variants = QLORA_VARIANTS if qlora else STEP_VARIANTS
+    variants = _only(QLORA_VARIANTS if qlora else STEP_VARIANTS)
 
     def command(variant):
         return _self("--_step", variant, *(["--_qlora"] if qlora else []))
@@ -381,10 +389,10 @@ def worker_kernels() -> dict:
     """Every registered row kernel on a small CUDA problem against the PyTorch path (bf16)."""
     import torch
 
-    from trl_emo.training.config import loss_defaults
     from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss, list_losses
     from trl_emo.losses.asft import ReferenceHead
     from trl_emo.losses.fused import resolve_backend
+    from trl_emo.training.config import loss_defaults
 
     n, hidden, vocab = KERNEL_SHAPE
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -402,8 +410,13 @@ def worker_kernels() -> dict:
             hp = {}
         if spec.uses_cost_embedding:
             hp["cost_embedding"] = CostEmbedding(w)
+        if name == "sed":
+            hp["threshold"] = 0.9  # the trainer calibrates it on the starting model; the kernel takes a number
         if spec.wants_reference(hp):
-            hp["reference"] = ReferenceHead(h, w)
+            # Not the policy's own head: a reference equal to the policy makes every KL zero up to rounding, and
+            # EKSFT's top-KL selection then ranks rounding noise (a different selection per backend).
+            w_ref = (w.float() + 0.02 * torch.randn(w.shape, device=DEVICE, generator=g)).to(w.dtype)
+            hp["reference"] = ReferenceHead(h, w_ref)
         start = time.perf_counter()
         try:
             out = {}
@@ -512,6 +525,9 @@ def parse_args(argv=None):
     parser.add_argument("--stages", nargs="+", default=[s.name for s in STAGES], metavar="STAGE",
                         help=f"stages to run, in this order: {', '.join(s.name for s in STAGES)}")
     parser.add_argument("--list", action="store_true", help="print the stages and their time caps, and stop")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
+                        help="only these variants in the loss and step stages (a second, shorter call: e.g. the "
+                        "baseline and the variants a first call left out)")
     parser.add_argument("--_kernels", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_rowconf", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_loss", default=None, help=argparse.SUPPRESS)
@@ -527,7 +543,9 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    global ONLY
     args = parse_args(argv)
+    ONLY = args.variants
     worker = next(((k, v) for k, v in (("kernels", args._kernels), ("rowconf", args._rowconf), ("loss", args._loss),
                                        ("step", args._step)) if v), None)
     if worker:

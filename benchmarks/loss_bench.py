@@ -15,7 +15,9 @@ Variants (`--variants`):
                   (h=logsigmoid), emo, emo_live (cost = the live head), tailr, mixce, ce_entropy,
                   eaft (top-20 entropy), eaft_full (full entropy), asft (the reference model's hidden
                   states and head are inputs like the policy's: its own memory is reported apart,
-                  as `reference_model_bytes`; the loss's peak counts its reference-logits buffer).
+                  as `reference_model_bytes`; the loss's peak counts its reference-logits buffer),
+                  sed (threshold 0.9: the trainer calibrates it), eksft (the paper's formula; its reference as
+                  ASFT's), eksft_authors (the authors' formula on the target rows).
                   Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
@@ -45,7 +47,8 @@ from datetime import date
 
 VARIANTS = [
     "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
-    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "trl_gem_tempered", "logits_gem", "logits_emo",
+    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "trl_gem_tempered",
+    "logits_gem", "logits_emo",
 ]
 # Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
 NLL_ANCHORS = {"trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits"}
@@ -63,6 +66,10 @@ LOSS_VARIANTS = {
     "eaft": ("eaft", {}),
     "eaft_full": ("eaft", {"entropy": "full"}),
     "asft": ("asft", {}),
+    # SED's threshold is calibrated by the trainer; a fixed one costs the same.
+    "sed": ("sed", {"threshold": 0.9}),
+    "eksft": ("eksft", {}),
+    "eksft_authors": ("eksft", {"formula": "authors"}),
 }
 
 
@@ -196,7 +203,11 @@ def reference_errors(variant, hidden, weight, targets, cost, loss, reference=Non
 
     key = "nll" if variant in NLL_ANCHORS else variant.removeprefix("logits_").replace("trl_gem_tempered", "gem")
     name, hparams = loss_args(key)
-    if get_loss(name).needs_reference:
+    if get_loss(name).prepare is not None:  # a first pass over the chunks (EKSFT) reads the reference per chunk
+        from trl_emo.losses.asft import ReferenceHead
+
+        hparams = {**hparams, "reference": ReferenceHead(reference.hidden.double(), reference.weight.double())}
+    elif get_loss(name).needs_reference:
         hparams = {**hparams, "reference": reference.hidden.double() @ reference.weight.double().t()}
     if get_loss(name).uses_cost_embedding:
         table = weight.detach() if variant == "emo_live" else cost
@@ -229,8 +240,8 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
     reference = None
-    if variant == "asft":
-        # ASFT's reference model at the target positions: its hidden states and head (persistent
+    if variant in ("asft", "eksft", "eksft_authors"):
+        # ASFT's (and EKSFT's) reference model at the target positions: its hidden states and head (persistent
         # inputs like the policy's, excluded from the loss's peak and reported on their own).
         from trl_emo.losses.asft import ReferenceHead
 

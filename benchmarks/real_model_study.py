@@ -145,8 +145,10 @@ def write_data(folder: Path, args) -> dict[str, list[dict]]:
 # -- training -----------------------------------------------------------------------------------------------------------
 
 
-def recipe_for(run: str, seed: int, model: str, data: Path, run_dir: Path, args, extra: dict | None = None) -> dict:
-    """The `trl_emo.sft` recipe of one run: the same for every loss but the loss fields and the seed."""
+def recipe_for(run: str, seed: int, model: str, data: Path, run_dir: Path, args, extra: dict | None = None,
+               fields: dict | None = None) -> dict:
+    """The `trl_emo.sft` recipe of one run: the same for every loss but the loss fields (`fields`, default the run's
+    in `RUNS`) and the seed."""
     return {
         "model_name_or_path": model,
         "dtype": "float32",
@@ -154,7 +156,7 @@ def recipe_for(run: str, seed: int, model: str, data: Path, run_dir: Path, args,
         "dataset_schema": "metamath",      # query/response; one user turn, one assistant turn, loss on the answer
         "prompt_format": "chat_template",
         "max_length": 256,
-        **RUNS[run],
+        **(RUNS[run] if fields is None else fields),
         **(extra or {}),
         "learning_rate": args.learning_rate,
         "lr_scheduler_type": "cosine",     # the GEM paper's schedule: cosine, 3 % warm-up, no weight decay
@@ -177,14 +179,15 @@ def recipe_for(run: str, seed: int, model: str, data: Path, run_dir: Path, args,
 
 
 def train(run: str, seed: int, model: str, data: Path, out: Path, args, extra: dict | None = None,
-          prefix: str = "") -> Path:
-    """Fine-tune through `trl_emo.sft`, as a user runs it; reuse a finished run with the same recipe."""
+          prefix: str = "", fields: dict | None = None) -> Path:
+    """Fine-tune through `trl_emo.sft`, as a user runs it; reuse a finished run with the same recipe. `fields`: the loss
+    fields of a run not in `RUNS` (another study's)."""
     import yaml
 
     from trl_emo.commands import sft
 
     run_dir = out / "runs" / f"{prefix}{run}-s{seed}"
-    recipe = recipe_for(run, seed, model, data, run_dir, args, extra)
+    recipe = recipe_for(run, seed, model, data, run_dir, args, extra, fields)
     stamp = run_dir / "study_run.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == recipe:
         _log(f"{run} seed {seed}: reusing the finished run in {run_dir}")
@@ -239,13 +242,14 @@ def epoch_statistics(run_dir: Path, examples: list[dict], tokenizer) -> list[dic
 
 
 def evaluate_math(policies: dict, prompts: Path, output_dir: Path, args, progress: bool,
-                  sampling: dict = MODEL_SAMPLING) -> dict:
-    """Greedy accuracy, pass@k and MV@k through `trl_emo.evaluate`'s GSM8K scoring (task `bon`, no reward model)."""
+                  sampling: dict = MODEL_SAMPLING, greedy: bool = True) -> dict:
+    """Greedy accuracy (unless `greedy` is off), pass@k and MV@k through `trl_emo.evaluate`'s GSM8K scoring (task
+    `bon`, no reward model)."""
     from trl_emo.evaluation import EvalConfig, run_evaluation
 
     config = EvalConfig(
         task="bon", policies=dict(policies), prompts=str(prompts), prompt_column="question", answer_column="answer",
-        prompt_format="chat_template", n=args.samples, greedy=True, **sampling,
+        prompt_format="chat_template", n=args.samples, greedy=greedy, **sampling,
         max_new_tokens=args.math_max_new_tokens, math_k_values=[k for k in K_VALUES if k <= args.samples],
         k_values=[k for k in K_VALUES if k <= args.samples], dtype="float32", device="cpu",
         generation_batch_size=72, diversity=True, embedding_diversity=False, output_dir=str(output_dir),

@@ -43,6 +43,8 @@ VARIANTS = {
     "gem": {"loss_type": "gem"},
     "gem_ls": {"loss_type": "gem", "gem_h": "logsigmoid"},
     "emo": {"loss_type": "emo"},
+    "sed": {"loss_type": "sed"},
+    "eksft": {"loss_type": "eksft"},
     "emo_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head"},
     "gem_logits": {"loss_type": "gem", "loss_implementation": "logits"},
     "emo_logits": {"loss_type": "emo", "loss_implementation": "logits"},

@@ -24,6 +24,8 @@ DEFAULT_SPLITS = {
     "ultrafeedback": ("train_sft", "test_sft", "train_prefs", "test_prefs"),
     "metamath": ("train",),
     "magicoder": ("train",),
+    "miromind_m1": ("train",),
+    "openr1_math": ("train",),
     "prompt_completion": ("train", "test"),
     "messages": ("train", "test"),
     "text": ("train", "test"),
@@ -33,7 +35,7 @@ DEFAULT_SPLITS = {
 FIXTURE_SCHEMAS = tuple(DEFAULT_SPLITS)
 FORMATS = ("jsonl", "json", "parquet", "csv", "disk")
 # Schemas with nested columns, which CSV cannot hold.
-_NESTED = {"evol_instruct", "ultrafeedback", "messages"}
+_NESTED = {"evol_instruct", "ultrafeedback", "messages", "openr1_math"}
 
 _COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "purple"]
 _ANIMALS = ["cat", "dog", "owl", "fox", "bear", "frog", "duck", "goat"]
@@ -124,6 +126,32 @@ def fixture_rows(schema: str, n_rows: int = 8, split: str = "train") -> list[dic
                     "openai_fingerprint": "fp_0123456789",
                 }
             )
+        elif schema == "miromind_m1":
+            a, b = i + 3, 2 * i + 5
+            tag = f" ({split})" if split != "train" else ""
+            rows.append(
+                {
+                    "id": f"mm-{split}-{i}",
+                    "question": f"A box holds {a} red and {b} blue balls{tag}. How many balls are in the box?",
+                    "response": f"<think>\nRed {a}, blue {b}: {a} + {b} = {a + b}.\n</think>\n"
+                    f"There are {a} + {b} = {a + b} balls.\n\n\\boxed{{{a + b}}}",
+                }
+            )
+        elif schema == "openr1_math":
+            a, b = i + 4, 3 * i + 2
+            problem = f"Find x if x - {a} = {b}." + ("" if split == "train" else f" ({split})")
+            solution = f"Add {a} to both sides: x = {b} + {a} = {a + b}."
+            generation = f"<think>\nx - {a} = {b}, so x = {a + b}.\n</think>\n{solution} The answer is $\\boxed{{{a + b}}}$."
+            rows.append(
+                {
+                    "problem": problem, "solution": solution, "answer": str(a + b), "problem_type": "Algebra",
+                    "question_type": "math-word-problem", "source": "olympiads", "uuid": f"u-{split}-{i}",
+                    "is_reasoning_complete": [True, True], "generations": [generation, generation],
+                    "correctness_math_verify": [True, True], "correctness_llama": None,
+                    "finish_reasons": None, "correctness_count": 2,
+                    "messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": generation}],
+                }
+            )
         elif schema == "prompt_completion":
             rows.append({"prompt": f"Q: {instruction} {input_}".rstrip() + "\nA:", "completion": f" {output}"})
         elif schema == "messages":
@@ -191,3 +219,42 @@ def write_fixture_file(schema: str, path: str | Path, n_rows: int = 8, split: st
         raise ValueError(f"CSV cannot hold the nested columns of schema {schema!r}.")
     _write_rows(fixture_rows(schema, n_rows, split), path, fmt)
     return str(path)
+
+
+# -- GRPO prompt sets (issue 29): a prompt and its reference answer, never SFT data, so they stay out of
+# FIXTURE_SCHEMAS (whose tests detect SFT and DPO schemas); `write_fixture("gsm8k", ...)` writes them all the same.
+GRPO_FIXTURE_SCHEMAS = ("gsm8k", "math", "prompt_answer")
+DEFAULT_SPLITS.update({"gsm8k": ("train", "test"), "math": ("train", "test"), "prompt_answer": ("train",)})
+_SFT_DPO_FIXTURE_ROWS = fixture_rows
+
+
+def grpo_fixture_rows(schema: str, n_rows: int = 8, split: str = "train") -> list[dict]:
+    """`n_rows` rows of a GRPO prompt set with the Hub dataset's columns: GSM8K's worked `answer` ending in `#### n`
+    (numbers past 1,000 written with commas, as GSM8K does), MATH's `solution` with a `\\boxed{}` answer (fractions,
+    nested braces), or `prompt_answer`'s conversational prompt and bare answer."""
+    rows = []
+    for i in range(n_rows):
+        tag = f" ({split})" if split != "train" else ""
+        a, b = 3 * i + 2, 250 * i + 7
+        if schema == "gsm8k":
+            total = a + b
+            rows.append({
+                "question": f"Tom has {a} apples and buys {b} more{tag}. How many apples does he have?",
+                "answer": f"Tom has {a} + {b} = <<{a}+{b}={total}>>{total} apples.\n#### {total:,}",
+            })
+        elif schema == "math":
+            level, kind = f"Level {i % 5 + 1}", ["Algebra", "Prealgebra", "Number Theory"][i % 3]
+            if i % 2 == 0:
+                problem, answer = f"What is $\\frac{{{a}}}{{{2 * a}}} + {i}${tag}?", f"\\frac{{{2 * i + 1}}}{{2}}"
+            else:
+                problem, answer = f"Solve $x^2 = {a * a}$ for $x${tag}.", f"\\{{-{a}, {a}\\}}"
+            rows.append({"problem": problem, "level": level, "solution": f"Working it out, $\\boxed{{{answer}}}$.",
+                         "type": kind})
+        elif schema == "prompt_answer":
+            rows.append({"prompt": [{"role": "user", "content": f"What is {a} times 2{tag}?"}], "answer": str(2 * a)})
+        else:
+            return _SFT_DPO_FIXTURE_ROWS(schema, n_rows, split)
+    return rows
+
+
+fixture_rows = grpo_fixture_rows  # noqa: F811 - `write_fixture` and the tests find every schema's rows by this name

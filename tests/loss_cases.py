@@ -22,9 +22,23 @@ VARIANTS = {
     "ce_entropy": [{"coef": 0.3}],
     "eaft": [{"entropy": "full"}, {"alpha": 0.5, "topk": 5}, {"alpha": 0.0}],
     "asft": [{"alpha": 1.0}, {"alpha": 0.0}],
+    # SEDLoss's own defaults (lambda 0.2, top-10 mass against 0.95), and a top-1 mask.
+    "sed": [{"lam": 0.2, "top_k": 10, "threshold": 0.95}, {"top_k": 1, "threshold": 0.5}],
+    "eksft": [
+        {"formula": "authors"},
+        {"mode": "intersection", "ratio": 0.5, "lambda_entropy": 1.0, "lambda_kl": 0.5},
+        {"ratio": 0.0},
+    ],
 }
 
-default_hparams = loss_defaults
+# SED's threshold defaults to "calibrate on the starting model" (the trainer does it); the kernels get a number.
+_CALIBRATED = {"sed": {"threshold": 0.9}}
+
+
+def default_hparams(name: str) -> dict:
+    """The loss's `SFTConfig` defaults, with a value where the trainer computes the default before the first step."""
+    hp = loss_defaults(name)
+    return {**hp, **{k: v for k, v in _CALIBRATED.get(name, {}).items() if hp.get(k) is None}}
 
 
 def cases(require_row_kernel: bool = False) -> list[tuple[str, dict]]:

@@ -45,7 +45,7 @@ def final_state(output_dir) -> dict:
     return json.loads((checkpoints[-1] / "trainer_state.json").read_text())
 
 
-@pytest.mark.parametrize("loss_type", ["nll", "dft", "gem", "emo", "tailr", "mixce", "ce_entropy"])
+@pytest.mark.parametrize("loss_type", ["nll", "dft", "gem", "emo", "tailr", "mixce", "ce_entropy", "sed", "eksft"])
 def test_sft_with_each_loss_from_a_recipe(tmp_path, tiny, loss_type):
     from transformers import AutoModelForCausalLM
 
@@ -143,7 +143,9 @@ def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "trl_emo.sft",
            "--recipe", DEMO_RECIPE, "--model_name_or_path", tiny["chat"], "--dataset_name", tiny["alpaca"],
-           "--loss_type", "gem", "--save_strategy", "steps", "--save_steps", "2", *short(out)]
+           # EKSFT with the authors' formula: a frozen reference copy and the label rows on both processes.
+           "--loss_type", "eksft", "--eksft_formula", "authors", "--save_strategy", "steps", "--save_steps", "2",
+           *short(out)]
     # CPU processes (gloo) on every machine: hidden GPUs keep accelerate from wanting two of them.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -156,7 +158,7 @@ def test_two_process_ddp_launch_of_the_sft_command(tmp_path, tiny):
 def test_console_script_dispatch(capsys):
     assert cli.main(["losses"]) == 0
     listing = capsys.readouterr().out
-    for name in ("gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "dft"):
+    for name in ("gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft", "dft"):
         assert name in listing
     assert cli.main(["frobnicate"]) == 2
 

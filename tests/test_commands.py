@@ -9,7 +9,7 @@ import pytest
 
 from conftest import CORPUS
 from data_fixtures import write_fixture
-from trl_emo.commands import demo, dpo, sft
+from trl_emo.commands import demo, dpo, grpo, sft
 from trl_emo.commands import evaluate as eval_cli
 
 
@@ -28,9 +28,9 @@ def test_every_command_registers_in_a_parent_parser_like_trls_scripts(dry_run_ar
 
     parser = argparse.ArgumentParser(prog="my-tool")
     subparsers = parser.add_subparsers(dest="command", parser_class=CommandParser)
-    for module in (sft, dpo, eval_cli, demo):
+    for module in (sft, dpo, grpo, eval_cli, demo):
         module.make_parser(subparsers)
-    assert set(subparsers.choices) == {"sft", "dpo", "eval", "demo"}
+    assert set(subparsers.choices) == {"sft", "dpo", "grpo", "eval", "demo"}
     args = subparsers.choices["sft"].parse_command_line(dry_run_argv)
     assert sft.main(args) == 0
     assert "# trl_emo.sft --dry_run: resolved configuration" in capsys.readouterr().out

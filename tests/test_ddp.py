@@ -51,12 +51,12 @@ def single_process(tmp_path_factory):
     model_dir = save_tiny_causal_lm(CORPUS, output_dir=root / "model", vocab_size=320, hidden_size=32, intermediate_size=64)
     cache = {}
 
-    def run(loss_type, max_steps=3, extra=None):
-        key = (loss_type, max_steps, json.dumps(extra))
+    def run(loss_type, max_steps=3, extra=None, batch=4):
+        key = (loss_type, max_steps, json.dumps(extra), batch)
         if key not in cache:
             out = root / f"single-{loss_type}-{len(cache)}.json"
-            result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, "4", str(max_steps),
-                                     *([json.dumps(extra)] if extra else [])],
+            result = subprocess.run([sys.executable, str(SCRIPT), model_dir, str(out), loss_type, str(batch),
+                                     str(max_steps), *([json.dumps(extra)] if extra else [])],
                                     env=_env(), capture_output=True, text=True, timeout=300)
             assert result.returncode == 0, launch_failure(result)
             cache[key] = json.loads(out.read_text())
@@ -110,6 +110,8 @@ def test_two_process_ddp_matches_one_process(single_process):
 
 
 def test_two_process_fsdp2_matches_one_process(single_process):
+    """The FSDP2 launcher configuration on two CPU processes. Accelerate 1.15 turns FSDP on only for accelerator devices,
+    so on a CPU this runs as DDP (docs/distributed.md): it checks the launch and the losses, not FSDP2's sharding."""
     model_dir, root, single = single_process
     config = root / "fsdp2_cpu.yaml"
     config.write_text(FSDP2_CPU)
@@ -127,15 +129,15 @@ def test_end_of_a_distributed_command_keeps_its_last_barrier(tmp_path):
     script.write_text(
         "import torch, torch.distributed as dist\n"
         "from types import SimpleNamespace\n"
-        "from trl_emo import run_config\n"
+        "from trl_emo.training import finish\n"
         "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
         "dist.all_gather([torch.zeros(3)], torch.ones(3))\n"
         "calls = []\n"
         "accelerator = SimpleNamespace(wait_for_everyone=lambda: calls.append('wait'),\n"
         "                              end_training=lambda: (calls.append('end'), dist.destroy_process_group()))\n"
-        "run_config.end_run(SimpleNamespace(accelerator=accelerator))\n"
+        "finish.end_run(SimpleNamespace(accelerator=accelerator))\n"
         "assert calls == ['end'], calls\n"
-        "assert len(run_config._FINAL_BARRIERS) == 1 and run_config._FINAL_BARRIERS[0].is_completed()\n"
+        "assert len(finish._FINAL_BARRIERS) == 1 and finish._FINAL_BARRIERS[0].is_completed()\n"
         "assert not dist.is_initialized()\n"
         "print('ok')\n" % free_port()
     )
@@ -146,9 +148,40 @@ def test_end_of_a_distributed_command_keeps_its_last_barrier(tmp_path):
 def test_end_of_a_one_process_command_waits_through_accelerate():
     from types import SimpleNamespace
 
-    from trl_emo.commands import run_config
+    from trl_emo.training import finish
 
     calls = []
     accelerator = SimpleNamespace(wait_for_everyone=lambda: calls.append("wait"), end_training=lambda: calls.append("end"))
-    run_config.end_run(SimpleNamespace(accelerator=accelerator))
+    finish.end_run(SimpleNamespace(accelerator=accelerator))
     assert calls == ["wait", "end"]
+
+
+DDP = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+EKSFT = {"eksft_ratio": 0.3, "eksft_lambda_entropy": 0.5, "eksft_lambda_kl": 1.0}
+
+
+def test_sed_and_eksft_under_ddp(single_process):
+    """One launch, two trainings. SED is a token mean and every process calibrates tau on the same rows: two processes
+    give one's losses and threshold. EKSFT's selection scope is one micro-batch on one process (docs/losses.md): two
+    processes with micro-batches of 2 rows train exactly as one process accumulating the same micro-batches (and not as
+    one process whose micro-batches hold all 4 rows: `tests/test_sed_eksft.py` shows the difference)."""
+    model_dir, root, single = single_process
+    runs = {"sed": {"loss_type": "sed"}, "eksft": {"loss_type": "eksft", "config": EKSFT}}
+    out = root / "ddp-new.json"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *DDP, "--main_process_port", str(free_port()), str(SCRIPT),
+           model_dir, str(out), "runs", "2", "3", json.dumps(runs)]
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, launch_failure(result)
+    ddp = {name: json.loads((root / f"ddp-new-{name}.json").read_text()) for name in runs}
+    assert all(run["num_processes"] == 2 for run in ddp.values())
+
+    sed = single("sed")
+    assert torch.allclose(torch.tensor(ddp["sed"]["losses"]), torch.tensor(sed["losses"]), rtol=1e-5)
+    taus = {row["sed_threshold"] for run in (ddp["sed"], sed) for row in run["log_history"] if "sed_threshold" in row}
+    assert len(taus) == 1
+
+    accumulated = single("eksft", 3, {"config": {**EKSFT, "gradient_accumulation_steps": 2}}, batch=2)
+    assert torch.allclose(torch.tensor(ddp["eksft"]["losses"]), torch.tensor(accumulated["losses"]), rtol=1e-5)
+    assert torch.allclose(torch.tensor(ddp["eksft"]["weights"]), torch.tensor(accumulated["weights"]), atol=1e-5)

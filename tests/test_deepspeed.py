@@ -62,6 +62,14 @@ RUNS = {
     "emo_lora": {"loss_type": "emo", "lora": ["q_proj", "v_proj"]},  # frozen (partitioned) head
     # With a frozen head the live cost is the snapshot's, read inside the loss's own gather (no copy).
     "emo_lora_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head", "lora": ["q_proj", "v_proj"]},
+    # SED calibrates its threshold through the sharded model (every rank runs the same rows).
+    "sed": {"loss_type": "sed", "sed_threshold_samples": 8},
+    # EKSFT selects within each micro-batch of each process; its reference is the base with the adapters off. A larger
+    # learning rate: after LoRA's first step (the adapters start at zero) the KL values that select the second step's
+    # tokens must stand apart by more than the setups' rounding differences, or a near tie flips one selection.
+    # The authors' formula (the label rows after each target) goes through the same machinery.
+    "eksft_authors_lora": {"loss_type": "eksft", "eksft_formula": "authors", "eksft_ratio": 0.3,
+                           "lora": ["q_proj", "v_proj"], "per_process_scope": True, "learning_rate": 3e-2},
     "lora_on_head": {"loss_type": "gem", "lora": ["q_proj", "lm_head"]},  # must fail on every rank, not hang
 }
 TRAINED = [name for name in RUNS if name != "lora_on_head"]

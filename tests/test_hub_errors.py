@@ -14,12 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx2
 import pytest
 from huggingface_hub import constants, errors, set_client_factory
 from huggingface_hub.utils._http import default_client_factory
 
+try:  # huggingface_hub 2 ships its HTTP client as httpx2; 1.x uses httpx (a GPU image may hold either)
+    import httpx2
+except ImportError:
+    import httpx as httpx2
+
 from data_fixtures import write_fixture
+
 from trl_emo.commands import dpo, sft
 from trl_emo.commands import evaluate as eval_cli
 from trl_emo.commands.command_line import run_command

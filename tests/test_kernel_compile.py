@@ -26,7 +26,7 @@ pytest.importorskip("triton", reason="compiling the kernels needs `pip install t
 
 from trl_emo.losses import _triton, aot_compile  # noqa: E402
 
-BUILT_IN = {"nll", "gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft"}
+BUILT_IN = {"nll", "gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft"}
 
 PLUGIN = '''
 """Two third-party losses with row kernels, registered on import like a plugin package's."""
@@ -127,6 +127,9 @@ def test_the_launches_are_the_ones_the_project_makes(summary):
             assert {(r["block"], r["num_warps"]) for r in results} <= tables, kernel
         assert {r["dtype"] for r in results} == {"bf16", "fp16"}, kernel
         for flag in ("HAS_BIAS", "HAS_SOFTCAP", "WRITE_GRAD"):
+            if flag == "WRITE_GRAD" and kernel.endswith("._statistics"):
+                assert flag not in results[0]["switches"]  # a first pass (EKSFT's selection) writes no gradient
+                continue
             assert {r["switches"][flag] for r in results} == {False, True}, (kernel, flag)
         vocabs = {v for r in results for use in r["uses"] for v in use["vocabs"]}
         assert vocabs == set(aot_compile.VOCABS), kernel
@@ -142,15 +145,17 @@ def test_each_launcher_asks_for_its_own_table_entry(monkeypatch):
     """Every entry of the shipped table is (2048, 4), so the compiles cannot tell which entry a launcher read: here each
     kernel gets a configuration of its own, and every recorded launch must be at its kernel's."""
     distinct = [(1024, 4), (2048, 2), (2048, 8), (4096, 2), (4096, 4), (4096, 8), (4096, 16), (8192, 4), (8192, 8),
-                (16384, 8)]
-    names = ["nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "default"]
+                (16384, 8), (1024, 2), (2048, 4), (16384, 16)]
+    names = ["nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft",
+             "eksft_statistics", "default"]
     for name, config in zip(names, distinct):
         monkeypatch.setitem(_triton.LAUNCH_CONFIGS, name, {80: config})
     recorder = aot_compile._Recorder()
     seen = set()
     for setting in aot_compile.all_settings(aot_compile.switch_cases(sorted(BUILT_IN)), flag_sets=[(False, False, True)]):
-        expected = "gem_logsigmoid" if dict(setting.hparams).get("h") == "logsigmoid" else setting.loss
+        loss_kernel = "gem_logsigmoid" if dict(setting.hparams).get("h") == "logsigmoid" else setting.loss
         for build in recorder.launches(setting, 128_256, 86):
+            expected = f"{loss_kernel}_statistics" if build.kernel.endswith("._statistics") else loss_kernel
             assert (build.block, build.num_warps) == _triton.LAUNCH_CONFIGS[expected][80], (setting.describe(), build.kernel)
             seen.add(expected)
     assert seen == set(names) - {"default"}

@@ -77,13 +77,13 @@ def _loss_and_gradients(pristine, loss_type: str, implementation: str, batch: di
     the trainer uses (`trl_emo_loss=True`, hidden states and head, never the logits), `logits` from the full logits
     (`loss_implementation="logits"`); ASFT's reference is a frozen copy of the starting model, as in full
     fine-tuning."""
+    from loss_cases import default_hparams
     from trl_emo.training import trl_compat as compat
-    from trl_emo.training.config import loss_defaults
     from trl_emo.training.objective import Objective
     from trl_emo.training.reference import ReferenceModel
 
     model = copy.deepcopy(pristine)
-    objective = Objective(loss_type, loss_defaults(loss_type))
+    objective = Objective(loss_type, default_hparams(loss_type))  # SED's calibrated threshold given a value
     objective.prepare_cost(model)  # what the trainer does when training starts (EMO's frozen snapshot)
     reference = None
     if objective.wants_reference:

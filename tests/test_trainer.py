@@ -24,6 +24,9 @@ LOSSES = [
     ("ce_entropy", {}),
     ("eaft", {}),
     ("eaft", {"eaft_entropy": "full"}),
+    ("sed", {}),
+    ("eksft", {}),
+    ("eksft", {"eksft_formula": "authors"}),
 ]
 
 

@@ -8,14 +8,14 @@ args = SFTConfig(output_dir="out", loss_type="gem")   # or "emo", "tailr", "mixc
 Heavy imports (TRL's trainer, transformers) happen on first use of `SFTConfig`/`SFTTrainer`. The package is grouped
 by role, in layers that import one way (docs/architecture.md): `commands` > `evaluation` | `training` > `data` |
 `models` > `losses` > `core`; this top holds only the thin modules users run (`python -m trl_emo.sft`, `.dpo`,
-`.evaluate`, `.real_model`, the `trl-emo` script in `.cli`).
+`.grpo`, `.evaluate`, `.real_model`, the `trl-emo` script in `.cli`).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .core import moved
+from .commands import moved
 from .losses import get_loss, list_losses, register_loss, unregister_loss
 
 # `import trl_emo.config` and the other module names of releases before the package was grouped by role.

@@ -1,4 +1,4 @@
-"""The `trl-emo` console script (`trl-emo {sft,dpo,eval,demo,losses,recipes} [options]`). The dispatcher lives in
+"""The `trl-emo` console script (`trl-emo {sft,dpo,grpo,eval,demo,losses,recipes} [options]`). The dispatcher lives in
 `trl_emo.commands.main`."""
 
 from .commands import main as _module

@@ -3,7 +3,8 @@
 Run under `accelerate launch` with DeepSpeed (two processes) or with plain `python` (the one-process
 reference). Arguments: model folder, output `.pt` file (written by rank 0), a JSON mapping run
 name -> run spec (`SFTConfig` fields, plus `"lora": [target modules]` for a LoRA adapter and
-`"checkpoint": true` to save one at the last step), the per-device batch size. Every run: 2 optimizer
+`"checkpoint": true` to save one at the last step, `"per_process_scope": true` for a loss that selects within each
+micro-batch of each process: the one-process run then accumulates the same micro-batches), the per-device batch size. Every run: 2 optimizer
 steps of gradient accumulation 2, no clipping, so the full gradients before each step and the final
 full weights can be compared across set-ups. A run whose trainer cannot be built records the error.
 """
@@ -46,14 +47,19 @@ def main(model_dir, out_path, runs, per_device_batch):
         spec = dict(spec)
         lora_targets = spec.pop("lora", None)
         checkpoint = spec.pop("checkpoint", False)
+        # A loss whose terms depend on its micro-batch (EKSFT's selection): the one-process reference accumulates the
+        # two processes' micro-batches (half the rows, twice the steps) instead of joining them.
+        batch, accumulation = per_device_batch, 2
+        if spec.pop("per_process_scope", False) and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            batch, accumulation = per_device_batch // 2, 4
         output_dir = os.path.join(os.path.dirname(out_path), f"run-{name}")
-        args = SFTConfig(
+        values = dict(
             output_dir=output_dir,
             use_cpu=True,
             bf16=False,
             max_steps=2,
-            per_device_train_batch_size=per_device_batch,
-            gradient_accumulation_steps=2,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=accumulation,
             max_grad_norm=0.0,  # no clipping: the gradients are compared as computed
             learning_rate=3e-3,
             logging_steps=1,
@@ -65,8 +71,9 @@ def main(model_dir, out_path, runs, per_device_batch):
             max_length=64,
             seed=0,
             disable_tqdm=True,
-            **spec,
         )
+        values.update(spec)  # a run may change any of these (EKSFT: its learning rate)
+        args = SFTConfig(**values)
         # After the config: under ZeRO-3 (zero3_init_flag) the model is partitioned as it loads.
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         peft_config = None

@@ -1,8 +1,8 @@
 """Train a saved tiny model for a few steps and dump the per-step losses (used by the DDP test).
 
 Run under `accelerate launch` (several processes) or plain `python` (one process). An optional last argument, JSON,
-adds `SFTConfig` fields (`"config"`), makes the completions of uneven lengths (`"uneven": true`) and evaluates on the
-first `"eval_rows"` rows.
+adds `SFTConfig` fields (`"config"`), makes the completions of uneven lengths (`"uneven": true`), evaluates on the
+first `"eval_rows"` rows and trains a LoRA adapter on the modules `"lora"` names.
 """
 
 import json
@@ -12,7 +12,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None):
+def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None, last=True):
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,7 +26,7 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None
     rows = [{"prompt": f"what is {i} plus {i % 7}?", "completion": f" The answer is {i + i % 7}." * repeat(i)} for i in range(32)]
     eval_rows = extra.get("eval_rows")
     config = dict(
-        output_dir=os.path.join(os.path.dirname(out_path), f"run-{loss_type}-{per_device_batch}"),
+        output_dir=os.path.join(os.path.dirname(out_path), f"run-{os.path.basename(out_path)[:-5]}-{loss_type}"),
         loss_type=loss_type,
         use_cpu=True,
         bf16=False,
@@ -43,12 +43,18 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None
     )
     config.update(extra.get("config", {}))
     args = SFTConfig(**config)
+    peft_config = None
+    if extra.get("lora"):
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=extra["lora"], task_type="CAUSAL_LM")
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
         args=args,
         train_dataset=Dataset.from_list(rows),
         eval_dataset=Dataset.from_list(rows[:eval_rows]) if eval_rows else None,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=peft_config,
     )
     trainer.train()
     if trainer.accelerator.is_main_process:
@@ -59,13 +65,32 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None
             "weights": weights.tolist()[:5000],
             "num_processes": trainer.accelerator.num_processes,
             "cross_entropy": [row.get("cross_entropy") for row in trainer.state.log_history if "loss" in row],
+            "trainable": torch.cat([p.detach().flatten() for p in trainer.model.parameters() if p.requires_grad]).tolist(),
             "log_history": trainer.state.log_history,
         }
         with open(out_path, "w") as handle:
             json.dump(payload, handle)
-    # As the commands end: a rank that exits right after its last collective can abort (see end_run).
-    end_run(trainer)
+    if last:
+        # As the commands end: a rank that exits right after its last collective can abort (see end_run).
+        end_run(trainer)
+    else:
+        trainer.accelerator.wait_for_everyone()
+
+
+def several(model_dir, out_path, runs, per_device_batch, max_steps):
+    """One launch, several trainings in turn (`runs`: name -> {"loss_type", "batch" (default: the launch's), and the
+    `extra` keys of `main`}); each writes `<out_path stem>-<name>.json`."""
+    names = list(runs)
+    for name in names:
+        spec = dict(runs[name])
+        loss_type, batch = spec.pop("loss_type"), spec.pop("batch", per_device_batch)
+        out = out_path.replace(".json", f"-{name}.json")
+        main(model_dir, out, loss_type, batch, max_steps, spec, last=name == names[-1])
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), *(json.loads(a) for a in sys.argv[6:7]))
+    extra = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
+    if sys.argv[3] == "runs":
+        several(sys.argv[1], sys.argv[2], extra, int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), extra)

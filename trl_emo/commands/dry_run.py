@@ -107,3 +107,40 @@ def print_dpo_dry_run(run, out=None) -> None:
         print(f"[prompt]\n{_render(tokenizer, row['prompt'])}", file=out)
         print(f"[chosen]\n{_render(tokenizer, row['chosen'], prompt)}", file=out)
         print(f"[rejected]\n{_render(tokenizer, row['rejected'], prompt)}", file=out)
+
+
+def print_grpo_dry_run(run, out=None) -> None:
+    """The configuration of a `GRPORun` (`trl_emo.commands.grpo_run`), then `run_args.dry_run_examples` prompts as
+    the policy will read them (its chat template and generation prompt, as TRL renders them) with their reference
+    answers and the final answer each built-in answer reward compares the completions with."""
+    from ..evaluation.rewards import reference_answers
+
+    training_args = run.training_args
+    sections = {
+        "script": dataclasses.asdict(run.script_args),
+        "data": dataclasses.asdict(run.data_args),
+        "model": non_default_fields(run.model_args),
+        "rewards": {"reward_funcs": run.grpo_args.reward_funcs, "reward_weights": training_args.reward_weights},
+        "grpo command": {"cpu_keep_freed_memory": run.grpo_args.cpu_keep_freed_memory},
+        "grpo (non-default fields)": {
+            k: v for k, v in non_default_fields(training_args).items()
+            if k != "reward_weights" and not k.startswith("_")
+        },
+    }
+    out = out or sys.stdout
+    print("# trl_emo.grpo --dry_run: resolved configuration", file=out)
+    print(f"# starting model: {run.policy}", file=out)
+    for note in run.notes:
+        print(f"# note: {note}", file=out)
+    print(dump_sections(sections), file=out)
+    print(f"# {run.info.summary()}", file=out)
+    dataset, tokenizer = run.train_dataset, run.tokenizer
+    shown = dataset.select(range(min(run.run_args.dry_run_examples, len(dataset))))
+    print(f"# {len(shown)} prompt(s) as the policy reads them, each followed by its reference answer", file=out)
+    for i, row in enumerate(shown):
+        print(f"\n--- prompt {i} ---", file=out)
+        print(_render(tokenizer, row["prompt"]), file=out)
+        reference = str(row["answer"])
+        print(f"[answer] {reference if len(reference) <= 400 else '...' + reference[-400:]}", file=out)
+        for name, final in reference_answers(run.grpo_args.reward_funcs, reference).items():
+            print(f"[{name} compares with] {final if final is not None else '(none: not scored)'}", file=out)

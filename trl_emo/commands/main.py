@@ -1,4 +1,4 @@
-"""The `trl-emo` console script: `trl-emo {sft,dpo,eval,demo,losses,recipes} [options]`.
+"""The `trl-emo` console script: `trl-emo {sft,dpo,grpo,eval,demo,losses,recipes} [options]`.
 
 Dispatched through argparse subparsers the way TRL's own `trl` command registers its scripts
 (`trl/cli/commands/training.py`): each command is a subparser here, and the command's module, with its own
@@ -19,6 +19,8 @@ COMMANDS = {
             "trl_emo.sft"),
     "dpo": ("trl_emo.commands.dpo", "DPO on top of an SFT model or adapter (same as: python -m trl_emo.dpo)",
             "trl_emo.dpo"),
+    "grpo": ("trl_emo.commands.grpo", "GRPO with verifiable rewards on top of an SFT model or adapter (same as: python "
+             "-m trl_emo.grpo)", "trl_emo.grpo"),
     "eval": ("trl_emo.commands.evaluate", "evaluate models side by side, best-of-n by default (same as: python -m "
              "trl_emo.evaluate)", ""),
     "demo": ("trl_emo.commands.demo", "GEM vs cross-entropy on a tiny model, offline, a few minutes on CPU (--quick: a "
@@ -28,8 +30,8 @@ COMMANDS = {
                 "writes one out to edit", "trl-emo recipes"),
 }
 ALIASES = {"evaluate": "eval"}
-EPILOG = """sft, dpo and eval take --recipe NAME (a packaged recipe, e.g. gem_ultrafeedback) or --recipe FILE.yaml,
-flags override the recipe, and --dry_run (sft, dpo) prints the resolved configuration and examples.
+EPILOG = """sft, dpo, grpo and eval take --recipe NAME (a packaged recipe, e.g. gem_ultrafeedback) or --recipe
+FILE.yaml, flags override the recipe, and --dry_run (sft, dpo, grpo) prints the resolved configuration and examples.
 Every command takes --help."""
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..training.finish import _FINAL_BARRIERS, end_run, final_barrier, save_outputs  # noqa: F401 - re-exported
+from ..training.finish import end_run, save_outputs  # noqa: F401 - re-exported
 from .command_line import CommandLine
 
 logger = logging.getLogger(__name__)
@@ -304,6 +304,39 @@ def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_re
     return target
 
 
+def check_sft_output(model_args, training_args, script_args, dataset_example: str) -> None:
+    """What a run after SFT (DPO, GRPO) needs before anything loads: a starting model that exists (a folder written by
+    `trl_emo.sft`, or a Hub id) and a dataset; `resume_from_checkpoint` resolved."""
+    from ..models import sources
+
+    _require(
+        model_args.model_name_or_path,
+        "model_name_or_path is required: the folder written by trl_emo.sft (model or adapter).",
+    )
+    _require(script_args.dataset_name, f"dataset_name is required ({dataset_example}).")
+    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
+    if sources.locate(model_args.model_name_or_path)[0] == "missing":
+        raise ConfigError(f"model_name_or_path not found: {model_args.model_name_or_path}")
+
+
+def starting_policy(model_args, training_args, dry_run: bool):
+    """`(policy, tokenizer)` of a run after SFT: the SFT model itself, or its adapter merged into the base once under
+    `<output_dir>/sft-merged` (`dpo_starting_model`; an absolute path, which a new adapter saved over it names as its
+    base, so that evaluation finds it from any directory; nothing merged in a dry run); and the SFT folder's tokenizer
+    (model or adapter, it holds the chat template), a pad token added as TRL adds one."""
+    from ..models import sources
+
+    policy = model_args.model_name_or_path
+    if not dry_run:
+        policy = dpo_starting_model(
+            policy, os.path.abspath(training_args.output_dir), model_args.dtype, training_args.trust_remote_code
+        )
+    tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return policy, tokenizer
+
+
 def resolve_dpo_run(args: CommandLine) -> DPORun:
     """Resolve a parsed `trl_emo.dpo` command line into the run's final configuration.
 
@@ -312,34 +345,17 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     token added as TRL would); the preference data loaded and formatted; the eval split checked; `model_init_kwargs`
     filled from `ModelConfig`.
     """
-    from ..models import sources
-    from ..data import load_dpo_datasets
     from ..core.hub import check_sources, hub_errors
+    from ..data import load_dpo_datasets
     from .preflight import dpo_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
-    _require(
-        model_args.model_name_or_path,
-        "model_name_or_path is required: the folder written by trl_emo.sft (model or adapter).",
-    )
-    _require(script_args.dataset_name, "dataset_name is required (e.g. HuggingFaceH4/ultrafeedback_binarized).")
-    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
-    source = model_args.model_name_or_path
-    if sources.locate(source)[0] == "missing":
-        raise ConfigError(f"model_name_or_path not found: {source}")
+    check_sft_output(model_args, training_args, script_args, "e.g. HuggingFaceH4/ultrafeedback_binarized")
     # Every Hub id the run will load (the model or its adapter's base, the dataset), checked before merging.
     hub_sources = dpo_sources(script_args, model_args)
     check_sources(hub_sources)
     with hub_errors(hub_sources):
-        # The SFT folder holds the tokenizer whether it is a model or an adapter; a dry run merges nothing.
-        policy = source
-        if not run_args.dry_run:
-            policy = dpo_starting_model(
-                source, training_args.output_dir, model_args.dtype, training_args.trust_remote_code
-            )
-        tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        policy, tokenizer = starting_policy(model_args, training_args, run_args.dry_run)
         train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
     if training_args.eval_strategy != "no" and eval_dataset is None:
         raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")

@@ -1,8 +1,10 @@
 """Dataset adapters: Hub or local data of the papers' schemas -> TRL's SFT and DPO formats.
 
 Modules: `schemas` (the schema declarations, from which detection and validation derive), `prompts` (the prompt
-formats, the Alpaca prompt), `adapters` (row -> TRL format, by the schema's kind and field map), `loading` (Hub id / local file / folder -> `datasets.Dataset`), `arguments` (`DataArguments`),
-`prepare` (`load_sft_datasets`, `load_dpo_datasets`), `bundled` (the shipped sample), `make_samples` (its generator).
+formats, the Alpaca prompt), `adapters` (row -> TRL format, by the schema's kind and field map), `loading` (Hub id /
+local file / folder -> `datasets.Dataset`), `arguments` (`DataArguments`), `prepare` (`load_sft_datasets`,
+`load_dpo_datasets`), `verifiable` (prompt sets with reference answers for GRPO), `info` (`DatasetInfo`), `bundled`
+(the shipped sample), `make_samples` (its generator).
 """
 
 from .adapters import OUTPUT_FORMATS, format_example, format_preference_example, output_format

@@ -6,6 +6,7 @@ SFT outputs (TRL then tokenizes, appends EOS to string completions, and masks):
   - "messages": {"messages": [turns]} (multi-turn chat; needs `assistant_only_loss=True`);
   - "text": {"text": str} (plain language modeling).
 DPO outputs: explicit-prompt preference rows {"prompt", "chosen", "rejected"}, all conversational or all strings.
+GRPO outputs: prompt-only rows with the reference answer, {"prompt", "answer"} (`format_verifiable_example`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from .prompts import (
     alpaca_completion,
     alpaca_prompt,
     conversation_to_alpaca,
+    instruction_and_input,
     split_conversation,
     user_content,
 )
-from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, TEXT, DataError, Schema, get_schema
+from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, TEXT, VERIFIABLE, DataError, Schema, get_schema
 
 OUTPUT_FORMATS = ("prompt_completion", "conversational_prompt_completion", "messages", "text")
 
@@ -117,6 +119,10 @@ def format_example(row: dict, schema: str, prompt_format: str, system_prompt: st
         return {"prompt": prompt, "completion": completion}
     if declared.kind == TEXT:
         return {"text": read_field(row, declared, "text")}
+    if declared.kind == VERIFIABLE:
+        raise DataError(
+            f"Schema {schema!r} holds prompts with reference answers: use `format_verifiable_example` (GRPO)."
+        )
     raise DataError(f"Schema {schema!r} holds preference pairs: use `format_preference_example` (DPO).")
 
 
@@ -196,3 +202,45 @@ def format_preference_example(row: dict, prompt_format: str, system_prompt: str 
     raise DataError(
         "Preference row with `chosen`/`rejected` of different kinds: both must be conversations or both strings."
     )
+
+
+# The column of a GRPO row that holds the reference answer; the verifiable rewards (`trl_emo.evaluation.rewards`)
+# receive it as their `answer` keyword (TRL passes every dataset column to a reward function by name).
+REFERENCE_COLUMN = "answer"
+
+
+def format_verifiable_example(row: dict, schema: str, prompt_format: str, system_prompt: str | None = None) -> dict:
+    """Convert one row of a GRPO prompt set (kind `verifiable`) to TRL's GRPO format: `{"prompt", "answer"}`.
+
+    The prompt is what the policy answers: with "chat_template", one user turn (after `system_prompt`), which TRL
+    renders with the policy's chat template and its generation prompt; with "alpaca", the Alpaca prompt as a string.
+    A conversational `prompt` column (schema `prompt_answer`) keeps its turns; a string `prompt` of your own becomes
+    the user turn with "chat_template" and passes through as you wrote it with "alpaca". The answer is the reference as the dataset gives
+    it (GSM8K's worked solution ending in `#### 72`, MATH's solution with its `\\boxed{}`): the rewards read the
+    final answer out of it, so the dry run and the logs show what the data holds.
+    """
+    declared = get_schema(schema)
+    if declared.kind != VERIFIABLE:
+        raise DataError(f"Schema {schema!r} has no reference answers (its rows are {declared.kind!r}); GRPO needs one.")
+    _check_prompt_format(prompt_format)
+    prompt, answer = read_field(row, declared, "prompt"), read_field(row, declared, "answer")
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        raise DataError(f"A row of dataset schema {schema!r} has no reference answer: {str(row)[:200]}")
+    if isinstance(prompt, list):
+        turns = clean_messages(prompt)
+        if prompt_format == "alpaca":  # the Alpaca preamble plays the system prompt's part, as in SFT
+            try:
+                instruction, input_ = instruction_and_input(turns)
+            except ValueError as exc:
+                raise DataError(f"Cannot render a {schema!r} prompt with the Alpaca prompt: {exc}") from None
+            return {"prompt": alpaca_prompt(instruction, input_), REFERENCE_COLUMN: str(answer)}
+        return {"prompt": with_system(turns, system_prompt), REFERENCE_COLUMN: str(answer)}
+    prompt = "" if prompt is None else str(prompt)
+    if not prompt.strip():
+        raise DataError(f"A row of dataset schema {schema!r} has an empty prompt: {str(row)[:200]}")
+    if prompt_format == "chat_template":
+        turns = with_system([{"role": "user", "content": prompt}], system_prompt)
+        return {"prompt": turns, REFERENCE_COLUMN: str(answer)}
+    if declared.name == "prompt_answer":
+        return {"prompt": prompt, REFERENCE_COLUMN: str(answer)}  # a string prompt of your own, as you wrote it
+    return {"prompt": alpaca_prompt(prompt, ""), REFERENCE_COLUMN: str(answer)}

@@ -66,7 +66,7 @@ def convert_sft_dataset(dataset, schema: str, prompt_format: str, system_prompt:
     )
 
 
-def _load_splits(script_args, data_args):
+def load_splits(script_args, data_args):
     if getattr(script_args, "dataset_streaming", False):
         raise DataError("dataset_streaming is not supported by trl_emo's dataset adapters; load the dataset in full.")
     source = resolve_source(script_args.dataset_name)
@@ -95,8 +95,12 @@ def load_sft_datasets(script_args, data_args, tokenizer):
     conversational ("messages", needs `assistant_only_loss=True`) with the chat template and becomes Alpaca
     prompt/completion without one; `prompt_completion` and `text` data pass through.
     """
-    source, train, train_split, evaluation, eval_split = _load_splits(script_args, data_args)
+    source, train, train_split, evaluation, eval_split = load_splits(script_args, data_args)
     schema = _resolve_schema(data_args.dataset_schema, train.features, preference=False)
+    if get_schema(schema).verifiable:
+        raise DataError(
+            f"Schema {schema!r} holds prompts with reference answers; use it for GRPO (trl_emo.grpo), not SFT."
+        )
     if not get_schema(schema).sft:
         raise DataError(f"Schema {schema!r} holds preference pairs; use it for DPO (trl_emo.dpo), not SFT.")
     if schema == "plain_text":  # a dataset-level conversion (rows -> documents), not a per-row adapter
@@ -146,7 +150,7 @@ def load_dpo_datasets(script_args, data_args, tokenizer):
     next to conversational chosen/rejected would make its format detection ambiguous.
     Returns `(train_dataset, eval_dataset_or_None)`.
     """
-    source, train, _, evaluation, _ = _load_splits(script_args, data_args)
+    source, train, _, evaluation, _ = load_splits(script_args, data_args)
     schema = _resolve_schema(data_args.dataset_schema, train.features, preference=True)
     if not get_schema(schema).preference:
         raise DataError(

@@ -26,12 +26,14 @@ CONVERSATION = "conversation"  # a list of turns -> messages (chat template) or 
 PROMPT_COMPLETION = "prompt_completion"  # TRL prompt/completion rows, passed through
 TEXT = "text"  # plain language-modeling text, passed through
 PREFERENCE = "preference"  # chosen/rejected pairs, for DPO only
+VERIFIABLE = "verifiable"  # a prompt and its reference answer, for GRPO with verifiable rewards only (trl_emo.grpo)
 KIND_FIELDS: dict[str, tuple[str, ...]] = {
     INSTRUCTION: ("instruction", "input", "output"),
     CONVERSATION: ("messages",),
     PROMPT_COMPLETION: ("prompt", "completion"),
     TEXT: ("text",),
     PREFERENCE: ("prompt", "chosen", "rejected"),
+    VERIFIABLE: ("prompt", "answer"),
 }
 # Fields an adapter can do without (an instruction without input; a preference pair whose prompt is in its turns).
 OPTIONAL_FIELDS = {(INSTRUCTION, "input"), (PREFERENCE, "prompt")}
@@ -96,8 +98,13 @@ class Schema:
 
     @property
     def sft(self) -> bool:
-        """Whether the rows are SFT examples (every kind but `PREFERENCE`)."""
-        return self.kind != PREFERENCE
+        """Whether the rows are SFT examples (every kind but `PREFERENCE` and `VERIFIABLE`)."""
+        return self.kind not in (PREFERENCE, VERIFIABLE)
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether the rows are prompts with a reference answer, for GRPO (`VERIFIABLE`)."""
+        return self.kind == VERIFIABLE
 
     @property
     def required_columns(self) -> list[str]:
@@ -201,6 +208,30 @@ BUILTIN_SCHEMAS: tuple[Schema, ...] = (
         hub_columns=("problem", "solution", "lang", "seed", "index", "raw_index", "openai_fingerprint"),
     ),
     Schema(
+        name="miromind_m1",
+        description="MiroMind-M1-SFT-719K (SED-SFT's data): `question` is the prompt, `response` the reasoning and "
+        "answer (\\boxed{})",
+        kind=INSTRUCTION,
+        fields={"instruction": "question", "output": "response"},
+        hub_id="miromind-ai/MiroMind-M1-SFT-719K",
+        columns=(Column("question"), Column("response")),
+        hub_columns=("id", "question", "response"),
+    ),
+    Schema(
+        name="openr1_math",
+        description="OpenR1-Math-220k (EKSFT's data): SFT on the `messages` conversation (a problem and DeepSeek-R1's "
+        "solution)",
+        kind=CONVERSATION,
+        markers=("problem", "generations"),
+        hub_id="open-r1/OpenR1-Math-220k",
+        columns=(Column("messages", kind=MESSAGES),),
+        hub_columns=(
+            "problem", "solution", "answer", "problem_type", "question_type", "source", "uuid",
+            "is_reasoning_complete", "generations", "correctness_math_verify", "correctness_llama", "finish_reasons",
+            "correctness_count", "messages",
+        ),
+    ),
+    Schema(
         name="prompt_completion",
         description="TRL prompt/completion data (strings or conversations), passed through",
         kind=PROMPT_COMPLETION,
@@ -240,6 +271,35 @@ BUILTIN_SCHEMAS: tuple[Schema, ...] = (
         ),
         hub_columns=("prompt", "chosen", "rejected"),
         preference=True,
+    ),
+    # GRPO prompt sets (trl_emo.grpo): a prompt and the reference answer its rewards compare with. Never SFT data,
+    # so `auto` detects them only for GRPO (`detect_schema(..., verifiable=True)`).
+    Schema(
+        name="gsm8k",
+        description="GSM8K (GRPO): `question` is the prompt, `answer` the worked solution ending in '#### <number>'",
+        kind=VERIFIABLE,
+        fields={"prompt": "question"},
+        hub_id="openai/gsm8k",  # config `main`
+        test_split="test",
+        columns=(Column("question"), Column("answer")),
+        hub_columns=("question", "answer"),
+    ),
+    Schema(
+        name="math",
+        description="MATH (GRPO): `problem` is the prompt, `solution` the worked solution with its answer in \\boxed{}",
+        kind=VERIFIABLE,
+        fields={"prompt": "problem", "answer": "solution"},
+        hub_id="DigitalLearningGmbH/MATH-lighteval",  # also EleutherAI/hendrycks_math (one config per subject)
+        test_split="test",
+        columns=(Column("problem"), Column("solution")),
+        hub_columns=("problem", "level", "solution", "type"),
+    ),
+    Schema(
+        name="prompt_answer",
+        description="GRPO prompts of your own: `prompt` (a string or a conversation) and its reference `answer`",
+        kind=VERIFIABLE,
+        columns=(Column("prompt", kind=ANY), Column("answer", kind=ANY)),
+        hub_columns=("prompt", "answer"),
     ),
 )
 
@@ -319,37 +379,46 @@ def _detection_score(schema: Schema, features: Mapping, extra: tuple[str, ...] =
     return len(identifying)
 
 
-def detect_schema(features: Mapping, *, preference: bool = False) -> str:
+def detect_schema(features: Mapping, *, preference: bool = False, verifiable: bool = False) -> str:
     """Guess the schema from the column names (and struct types), from the declarations in `SCHEMAS`.
 
     The schema whose identifying columns (required columns and markers) cover the most columns of the data wins, so
     specific schemas beat generic ones whatever their order (Alpaca-GPT4 also has `text`, UltraFeedback also has
     `prompt`); a tie goes to the schema declared first. With `preference=True`, only schemas holding preference pairs
-    are considered, and the pair columns (those the `preference` kind requires) must be there too.
+    are considered, and the pair columns (those the `preference` kind requires) must be there too. With
+    `verifiable=True`, only the GRPO prompt sets (kind `VERIFIABLE`: a prompt and a reference answer) are considered;
+    they are never detected as SFT data.
     """
     columns = set(features)
     pair_columns = tuple(SCHEMAS["preference"].required_columns) if "preference" in SCHEMAS else ("chosen", "rejected")
     if preference:
         candidates = [schema for schema in SCHEMAS.values() if schema.preference]
         scores = {schema.name: _detection_score(schema, features, pair_columns) for schema in candidates}
+    elif verifiable:
+        candidates = [schema for schema in SCHEMAS.values() if schema.verifiable]
+        scores = {schema.name: _detection_score(schema, features) for schema in candidates}
     else:
         candidates = [schema for schema in SCHEMAS.values() if schema.sft]
         scores = {schema.name: _detection_score(schema, features) for schema in candidates}
     matches = {name: score for name, score in scores.items() if score is not None}
     if matches:
         return max(matches, key=matches.get)  # the first of equal scores, in declaration order
-    if not preference:
-        pairs = [s for s in SCHEMAS.values() if not s.sft and _detection_score(s, features) is not None]
+    if not preference and not verifiable:
+        pairs = [s for s in SCHEMAS.values() if s.kind == PREFERENCE and _detection_score(s, features) is not None]
         if pairs:
             raise DataError(
                 f"The dataset has preference columns ({', '.join(pairs[0].required_columns)}) but no SFT columns; "
                 f"found columns: {', '.join(sorted(columns))}. Use it for DPO (trl_emo.dpo), or set dataset_schema "
                 "explicitly."
             )
+    grpo = [s.name for s in SCHEMAS.values() if s.verifiable and _detection_score(s, features) is not None]
+    hint = ""
+    if grpo and not verifiable:
+        hint = f"\nThe columns match the GRPO prompt set {grpo[0]!r}: use it with trl_emo.grpo."
     raise DataError(
         f"Could not detect the dataset schema from its columns: {', '.join(sorted(columns)) or '(none)'}.\n"
         f"Known schemas and the columns they need:\n{schemas_overview([schema.name for schema in candidates])}\n"
-        "Rename the columns, or set `dataset_schema` explicitly."
+        f"Rename the columns, or set `dataset_schema` explicitly.{hint}"
     )
 
 

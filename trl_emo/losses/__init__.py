@@ -15,7 +15,7 @@ fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the r
 
 from __future__ import annotations
 
-from . import asft, ce_entropy, eaft, emo, gem, mixce, nll, tailr
+from . import asft, ce_entropy, eaft, eksft, emo, gem, mixce, nll, sed, tailr
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
@@ -38,6 +38,8 @@ add_loss(mixce.LOSS)
 add_loss(ce_entropy.LOSS)
 add_loss(eaft.LOSS)
 add_loss(asft.LOSS)
+add_loss(sed.LOSS)
+add_loss(eksft.LOSS)
 
 # The reference per-token functions under descriptive names.
 nll_per_token = nll.per_token
@@ -48,6 +50,8 @@ mixce_per_token = mixce.per_token
 ce_entropy_per_token = ce_entropy.per_token
 eaft_per_token = eaft.per_token
 asft_per_token = asft.per_token
+sed_per_token = sed.per_token
+eksft_per_token = eksft.per_token
 
 __all__ = [
     "BACKENDS",
@@ -62,6 +66,7 @@ __all__ = [
     "asft_per_token",
     "ce_entropy_per_token",
     "eaft_per_token",
+    "eksft_per_token",
     "emo_per_token",
     "fused_linear_loss",
     "gem_per_token",
@@ -72,6 +77,7 @@ __all__ = [
     "nll_per_token",
     "register_loss",
     "select_targets",
+    "sed_per_token",
     "tailr_per_token",
     "token_statistics",
     "unregister_loss",

@@ -50,6 +50,24 @@ def select_targets(
     return targets, targets != ignore_index
 
 
+def select_label_rows(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX):
+    """For a loss that also reads label rows (`LossSpec.label_rows`): over the `[B, T]` positions, the rows to hand it
+    (target positions, whose next label is a token, and label positions, whose own label is one), their targets
+    (`0` where a row has none) and their roles, a `RowTensors` with boolean `target` and `label`.
+
+    Returns `(rows [B, T] bool, targets [R], roles)`; the rows are taken in position order, so a target position's
+    label row is the next row."""
+    from .registry import RowTensors
+
+    nxt = labels[:, 1:]
+    is_target = torch.cat([nxt != ignore_index, torch.zeros_like(labels[:, :1], dtype=torch.bool)], dim=1)
+    is_label = labels != ignore_index
+    rows = is_target | is_label
+    shifted = torch.cat([nxt, torch.zeros_like(labels[:, :1])], dim=1)
+    targets = torch.where(is_target, shifted, torch.zeros_like(shifted))[rows]
+    return rows, targets, RowTensors({"target": is_target[rows], "label": is_label[rows]})
+
+
 def causal_lm_loss(
     per_token: Callable[..., torch.Tensor],
     logits: torch.Tensor,

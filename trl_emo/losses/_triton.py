@@ -217,6 +217,9 @@ LAUNCH_CONFIGS: dict[str, dict[int, tuple[int, int]]] = {
     "ce_entropy":     {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
     "eaft":           {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
     "asft":           {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "sed":            {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "eksft":          {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
+    "eksft_statistics": {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)},
 }
 
 
@@ -333,3 +336,27 @@ class RowLaunch:
         # A block cut short by a small vocabulary keeps at least 8 columns per thread (one 16-byte load).
         meta["num_warps"] = max(1, min(warps, meta["BLOCK"] // 256))
         return meta
+
+
+def top_logits(launch: RowLaunch, k: int) -> torch.Tensor:
+    """The `k` largest transformed logits of each row of a chunk, float32 `[n, k]`, taken with `torch.topk` from the
+    chunk's raw logits before the row kernel overwrites them with the gradient (EAFT's top-k entropy, SED's top-k
+    mass). A bias can reorder the logits, so it is added first, into the loss's extra buffer (`launch.scratch`, a part
+    of the chunk at a time); scale and soft-cap are increasing maps, so the top-k of the raw logits are those of z."""
+    out = torch.empty(launch.rows, k, device=launch.z.device, dtype=torch.float32)
+    step = launch.scratch.shape[0] if launch.bias is not None else launch.rows
+    for start in range(0, launch.rows, max(step, 1)):
+        end = min(start + step, launch.rows)
+        raw = launch.z[start:end]
+        if launch.bias is not None:
+            biased = torch.add(raw, launch.bias.to(raw.dtype), out=launch.scratch[: end - start])
+            # The positions from the sum in the compute dtype; the values again in float32, as the row kernel adds
+            # the bias (a bf16 sum of logits near 18 is off by up to 1/16, and the top-k mass by ~2% with it).
+            index = biased.topk(k, dim=-1).indices
+            top = (raw.gather(1, index).float() + launch.bias.float()[index]) * launch.logit_scale
+        else:
+            top = raw.topk(k, dim=-1).values.float() * launch.logit_scale
+        if launch.softcap is not None:
+            top = launch.softcap * torch.tanh(top / launch.softcap)
+        out[start:end] = top
+    return out

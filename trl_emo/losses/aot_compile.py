@@ -71,6 +71,9 @@ SWITCHES: dict[str, dict[str, tuple]] = {
     "tailr": {"min_weight": (None, 0.2), "formula": ("paper", "authors")},
     "eaft": {"entropy": ("topk", "full")},
     "asft": {"alpha": (0.0, 0.5)},
+    # SED's threshold is calibrated by the trainer (its default is None); k sets the width of the top-k block.
+    "sed": {"threshold": (0.9,), "top_k": (2, 32)},
+    "eksft": {"formula": ("paper", "authors")},
 }
 # The shared switches every row kernel has (`RowLaunch.meta`), and all their settings.
 FLAGS = ("bias", "softcap", "write_grad")
@@ -348,7 +351,8 @@ class _Recorder:
             targets=self._tensor(_ROWS, dtype=torch.int64),
             target_logits=self._tensor(_ROWS),
             bias=self._tensor(vocab, dtype=dtype) if setting.bias else None,
-            stats=self._tensor(8, _TOKENS)[:, :_ROWS],
+            # the shared statistics and the loss's metrics (at least 8 rows, what the first pass of EKSFT writes)
+            stats=self._tensor(max(8, 4 + len(spec.metrics)), _TOKENS)[:, :_ROWS],
             grad_scale=self._tensor(1),
             logit_scale=1.0,
             softcap=30.0 if setting.softcap else None,
@@ -357,8 +361,16 @@ class _Recorder:
             target=capability,
         )
         records: list = []
+        kwargs = self._kwargs(setting, vocab, dtype)
         with _recorded_launches(records):
-            spec.row_kernel(launch, **self._kwargs(setting, vocab, dtype))
+            spec.row_kernel(launch, **kwargs)
+            if spec.prepared_rows:
+                # A loss with a first pass (`prepare`): the call above launched that pass's kernel; the loss pass's
+                # takes the per-row tensors `prepare` would have computed.
+                from .registry import RowTensors
+
+                weights = RowTensors({name: self._tensor(_ROWS) for name in spec.prepared_rows})
+                spec.row_kernel(launch, **kwargs, weights=weights)
         if not records:
             raise RuntimeError("the launcher launched no Triton kernel")
         builds = []

@@ -203,4 +203,5 @@ LOSS = LossSpec(
     description="ASFT: DFT anchored to a reference model by alpha KL(ref || model) (arXiv 2509.23753)",
     metrics=("ref_kl",),
     needs_reference=lambda hp: hp["alpha"] != 0,
+    reference_field="asft_ref_model",
 )

@@ -17,7 +17,7 @@ import math
 import torch
 
 from ._common import ce_grad_, check_choice, check_number, softmax_stats, target_log_prob, upcast
-from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, triton, weighted_ce_grad
+from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, top_logits, triton, weighted_ce_grad
 from .registry import LossSpec
 
 ENTROPY_CHOICES = ("topk", "full")
@@ -96,22 +96,9 @@ def _rows(
 
 
 def _topk_weights(launch: RowLaunch, alpha: float, topk: int) -> torch.Tensor:
-    """`(H_topk / ln k) ** alpha` per row, from the chunk's raw logits (before the kernel overwrites them)."""
-    out = torch.empty(launch.rows, device=launch.z.device, dtype=torch.float32)
-    step = launch.scratch.shape[0]
-    for start in range(0, launch.rows, step):
-        end = min(start + step, launch.rows)
-        raw = launch.z[start:end]
-        if launch.bias is not None:
-            # A bias can reorder the logits: add it first (into the quarter-size buffer).
-            raw = torch.add(raw, launch.bias.to(raw.dtype), out=launch.scratch[: end - start])
-        # Scale and soft-cap are increasing maps: the top-k of the raw logits are those of z.
-        top = raw.topk(topk, dim=-1).values.float() * launch.logit_scale
-        if launch.softcap is not None:
-            top = launch.softcap * torch.tanh(top / launch.softcap)
-        logq = torch.log_softmax(top, dim=-1)
-        out[start:end] = weight(-(logq.exp() * logq).sum(-1) / math.log(topk), alpha)
-    return out
+    """`(H_topk / ln k) ** alpha` per row, from the chunk's top-k logits (`_triton.top_logits`)."""
+    logq = torch.log_softmax(top_logits(launch, topk), dim=-1)
+    return weight(-(logq.exp() * logq).sum(-1) / math.log(topk), alpha)
 
 
 def rows(launch: RowLaunch, alpha, entropy, topk):

@@ -38,7 +38,7 @@ import torch
 from . import _triton
 from ._common import autograd_chunk
 from .precision import accumulate_product_, addmm_float32_, mm_float32
-from .registry import LossSpec, TokenAligned
+from .registry import ROLES, LossSpec, RowTensors, TokenAligned
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,62 @@ class _Plan:
         rows = min(rows, _MAX_CHUNK)
         # Never allocate more rows than there are positions.
         return int(min(rows, -(-n_tokens // _ROW_GRANULE) * _ROW_GRANULE))
+
+
+@dataclass
+class StatisticsPass:
+    """What a loss's `prepare` (`LossSpec.prepare`) gets: this call's positions in chunks and their logits, computed
+    as the loss pass will compute them, without gradient (the pass runs under `torch.no_grad`).
+
+    `backend` says which kernels the loss pass runs: on `"torch"`, `logits(start, end)` gives the float32 transformed
+    logits of rows `start:end`; on `"triton"`, `raw_logits(start, end, out)` writes the compute-dtype `h W^T` into
+    `out` (bias and transform left to the row kernel, as in the loss pass)."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    targets: torch.Tensor
+    transform: HeadTransform
+    backend: str
+    compute_dtype: torch.dtype
+    chunk_size: int
+
+    @property
+    def n_rows(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def vocab(self) -> int:
+        return self.weight.shape[0]
+
+    def chunks(self):
+        """`(start, end)` of every chunk, in order."""
+        for start in range(0, self.n_rows, self.chunk_size):
+            yield start, min(start + self.chunk_size, self.n_rows)
+
+    def logits(self, start: int, end: int) -> torch.Tensor:
+        z = mm_float32(self.hidden[start:end].to(self.compute_dtype), self.weight.to(self.compute_dtype).t())
+        if self.bias is not None:
+            z.add_(self.bias.to(z.dtype))
+        return self.transform.apply_(z)
+
+    def raw_logits(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
+        w = self.weight if self.weight.dtype == self.compute_dtype else self.weight.to(self.compute_dtype)
+        h = self.hidden[start:end]
+        torch.mm(h if h.dtype == self.compute_dtype else h.to(self.compute_dtype), w.t(), out=out[: end - start])
+        return out[: end - start]
+
+
+def _prepare(plan: _Plan, hidden, weight, bias, targets) -> None:
+    """Run the loss's `prepare` (if any) over every chunk before the loss pass; it may replace the hyper-parameters."""
+    if plan.spec.prepare is None:
+        return
+    statistics = StatisticsPass(
+        hidden.detach(), weight.detach(), None if bias is None else bias.detach(), targets, plan.transform, plan.backend,
+        plan.compute_dtype, plan.chunk_rows(weight.shape[0], hidden.shape[0]),
+    )
+    with torch.no_grad():
+        plan.hparams = plan.spec.prepare(statistics, plan.hparams)
 
 
 def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs):
@@ -280,6 +336,7 @@ class _FusedLinearLoss(torch.autograd.Function):
             bias=plan.want_grad and bias is not None and ctx.needs_input_grad[2],
         )
         run = _run_triton if plan.backend == "triton" else _run_torch
+        _prepare(plan, hidden, weight, bias, targets)
         stats, grads = run(plan, hidden, weight, bias, targets, scale, needs)
         # Saved tensors (not plain ctx attributes) are freed as soon as backward has run.
         ctx.present = tuple(g is not None for g in grads)
@@ -301,7 +358,11 @@ class _FusedLinearLoss(torch.autograd.Function):
 
 @dataclass
 class FusedLossOutput:
-    """The loss and, per target position, the objective, cross-entropy, entropy, top-1 and extras."""
+    """The loss and, per row, the objective, cross-entropy, entropy, top-1 and extras.
+
+    The rows are the target positions, unless the loss read label rows too (`LossSpec.label_rows`): then
+    `target_rows` marks the rows that are target positions. The objective's rows sum to the loss (times its
+    normalizer); the other statistics mean something on target rows only."""
 
     loss: torch.Tensor
     token_losses: torch.Tensor
@@ -309,6 +370,7 @@ class FusedLossOutput:
     entropy: torch.Tensor
     is_top1: torch.Tensor
     metrics: dict[str, torch.Tensor]
+    target_rows: torch.Tensor | None = None
 
 
 def resolve_backend(backend: str, spec: LossSpec, device: torch.device, dtype: torch.dtype) -> str:
@@ -367,7 +429,12 @@ def fused_linear_loss(
         if isinstance(value, TokenAligned) or key == "cost_embedding" and value is not None:
             hparams[key] = value.to(device)
 
-    count = hidden.shape[0] if num_items_in_batch is None else num_items_in_batch
+    roles = hparams.get(ROLES)
+    target_rows = roles["target"] if isinstance(roles, RowTensors) else None
+    if num_items_in_batch is not None:
+        count = num_items_in_batch
+    else:  # the target positions (rows read only as label rows are not tokens)
+        count = hidden.shape[0] if target_rows is None else target_rows.sum()
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     scale = 1.0 / torch.as_tensor(count, device=device, dtype=acc_dtype).clamp(min=1)
     compute_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
@@ -379,7 +446,9 @@ def fused_linear_loss(
         if bias is not None:
             zero = zero + bias.sum() * 0.0
         empty = hidden.new_zeros(0, dtype=acc_dtype)
-        return FusedLossOutput(zero.to(acc_dtype), empty, empty, empty, empty, {m: empty for m in metric_names})
+        return FusedLossOutput(
+            zero.to(acc_dtype), empty, empty, empty, empty, {m: empty for m in metric_names}, target_rows
+        )
 
     want_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -410,6 +479,7 @@ def fused_linear_loss(
                 _BROKEN_ROW_KERNELS[spec.name].splitlines()[0][:300],
             )
             plan.backend = "torch"
+            plan.hparams = hparams  # as given: `prepare` runs again for the PyTorch kernels
             loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan)
     metrics = {name: stats[len(STAT_ROWS) + i] for i, name in enumerate(plan.metric_names)}
-    return FusedLossOutput(loss, stats[0], stats[1], stats[2], stats[3], metrics)
+    return FusedLossOutput(loss, stats[0], stats[1], stats[2], stats[3], metrics, target_rows)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..core.plugins import load_plugins
 
 # Losses TRL's own SFTTrainer computes: `trl_emo.SFTTrainer` hands these back to TRL untouched.
@@ -36,6 +38,33 @@ class TokenAligned:
 
     def to(self, device) -> TokenAligned:
         raise NotImplementedError
+
+
+@dataclass
+class RowTensors(TokenAligned):
+    """Named per-position tensors (`[N]` each) handed to a loss as one hyper-parameter, sliced with the chunks.
+
+    Used for the roles of the positions (`ROLES`: which rows have a target, which are label rows, when a loss reads
+    more rows than the target positions, see `LossSpec.label_rows`) and for per-position weights a loss computes
+    before its chunks run (`LossSpec.prepare`)."""
+
+    tensors: dict = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def rows(self, start: int, end: int) -> RowTensors:
+        return RowTensors({k: v[start:end] for k, v in self.tensors.items()})
+
+    def to(self, device) -> RowTensors:
+        return RowTensors({k: v.to(device) for k, v in self.tensors.items()})
+
+
+# The hyper-parameter under which the roles of the rows reach a loss that reads label rows (`LossSpec.label_rows`).
+ROLES = "roles"
 
 
 class UnknownLossError(ValueError):
@@ -73,6 +102,21 @@ class LossSpec:
         validate: optional check of the resolved hyper-parameters; raise `ValueError` if bad.
         description: one line shown by `trl-emo losses`.
         metrics: names of the extra per-token quantities the chunk kernel reports (logged as means).
+        reference_field: the `SFTConfig` field that names this loss's reference model (`asft_ref_model`,
+            `eksft_ref_model`); None: the starting model (or a loss without reference).
+        prepare: optional `prepare(pass_, hparams) -> hparams`, run by the fused path before the chunks that compute
+            the loss, without gradient: `pass_` (a `fused.StatisticsPass`) computes per-position statistics over every
+            chunk (a loss whose terms depend on the whole micro-batch, as EKSFT's top-ratio selection does, reads them
+            there and returns the per-position weights as a `RowTensors`). The logits path gets all positions at once
+            and needs no such pass.
+        prepared_rows: the names of the per-row tensors `prepare` hands the loss pass (a `RowTensors` under the
+            hyper-parameter `weights`), so that the ahead-of-time compile can launch the loss pass's kernel too; the
+            row kernel launched without them is the first pass's.
+        label_rows: whether the loss also reads the positions whose *input-aligned* label is a target token (the
+            convention of LLaMA-Factory's labels, one position after each target position), or a function of the
+            hyper-parameters saying it (EKSFT with `eksft_formula="authors"`). The rows then handed to the loss are
+            the union of both, in order, with their roles in `hparams[ROLES]` (a `RowTensors` with boolean
+            `target` and `label`); rows without a target carry target id 0 and must not count as tokens.
     """
 
     name: str
@@ -88,10 +132,18 @@ class LossSpec:
     metrics: tuple[str, ...] = ()
     needs_reference: bool | Callable[[dict], bool] = False
     validate_vocab: Callable[[dict, int], None] | None = None
+    reference_field: str | None = None
+    prepare: Callable[..., dict] | None = None
+    prepared_rows: tuple[str, ...] = ()
+    label_rows: bool | Callable[[dict], bool] = False
 
     def wants_reference(self, hparams: dict) -> bool:
         """Whether a reference model must run for these hyper-parameters."""
         return bool(self.needs_reference(hparams) if callable(self.needs_reference) else self.needs_reference)
+
+    def reads_label_rows(self, hparams: dict) -> bool:
+        """Whether the rows handed to the loss include the label rows (see `label_rows`)."""
+        return bool(self.label_rows(hparams) if callable(self.label_rows) else self.label_rows)
 
 
 _REGISTRY: dict[str, LossSpec] = {}

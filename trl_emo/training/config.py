@@ -41,8 +41,8 @@ class SFTConfig(_TRLSFTConfig):
     Parameters:
         loss_type (`str`, *optional*, defaults to `"nll"`):
             Training objective. TRL's own: `"nll"` (cross-entropy) and `"dft"`, computed by TRL. Added by
-            trl_emo: `"gem"`, `"emo"`, `"tailr"`, `"mixce"`, `"ce_entropy"`, and any loss registered with
-            [`trl_emo.register_loss`].
+            trl_emo: `"gem"`, `"emo"`, `"tailr"`, `"mixce"`, `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`,
+            and any loss registered with [`trl_emo.register_loss`].
         loss_implementation (`str`, *optional*, defaults to `"fused"`):
             How a trl_emo loss is computed. `"fused"`: from the final hidden states and the output embedding in
             chunks of positions, never building the whole batch's logits (the memory of TRL's own loss).
@@ -131,6 +131,49 @@ class SFTConfig(_TRLSFTConfig):
             ASFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
             starting weights (under PEFT, the base model with the adapters disabled, no second copy in memory; in full
             fine-tuning, a frozen copy loaded once). Only valid with `loss_type="asft"`.
+        sed_lambda (`float`, *optional*, defaults to `1.0`):
+            SED-SFT's `lambda`: `-log p_y + sed_lambda * M * (p_y - 1/2)^2` per token, `M = 1` where the `sed_top_k`
+            largest probabilities sum to less than `sed_threshold`. `1.0` is what the authors' released run used (their
+            `TrainingArguments` default; the `0.2` default of their loss class is never reached). `0` is cross-entropy.
+        sed_top_k (`int`, *optional*, defaults to `2`):
+            `k` of SED's mask: the mass of the `k` most probable tokens is compared with `sed_threshold`.
+        sed_threshold (`float`, *optional*):
+            SED's `tau` in (0, 1]. Default: calibrated on the starting model before the first step, as the authors'
+            `train.py` does (`sed_threshold_ratio`, `sed_threshold_top_k`, `sed_threshold_samples`); the value is
+            logged as `sed_threshold` and kept in checkpoints, so a resumed run uses the same one.
+        sed_threshold_ratio (`float`, *optional*, defaults to `0.7`):
+            The calibration: `tau` is the value that this share of the positions' top-`sed_threshold_top_k` mass
+            reaches or exceeds (the authors' `cumsum_ratio`, 0.7 in their script).
+        sed_threshold_top_k (`int`, *optional*, defaults to `10`):
+            `k` of the calibration's top-k mass. The authors calibrate on the top-10 mass and mask on the top-2 mass
+            (`sed_top_k`); both are kept as they run them.
+        sed_threshold_samples (`int`, *optional*, defaults to `100`):
+            Rows the calibration reads: the first ones of the evaluation dataset, or of the training dataset when there
+            is none (every position of each row, prompt included, as the authors' calibration reads them).
+        eksft_ratio (`float`, *optional*, defaults to `0.2`):
+            EKSFT's share of the micro-batch's tokens selected by entropy and, separately, by KL to the reference
+            (`floor(ratio * N)` tokens each). `0` is cross-entropy, and then no reference model runs.
+        eksft_lambda_entropy (`float`, *optional*, defaults to `0.05`):
+            EKSFT's entropy bonus on the entropy-selected tokens (entropy divided by `ln V`).
+        eksft_lambda_kl (`float`, *optional*, defaults to `0.05`):
+            EKSFT's penalty `KL(pi_theta || pi_ref)` on the KL-selected tokens.
+        eksft_mode (`str`, *optional*, defaults to `"union"`):
+            Tokens left out of the cross-entropy: `"union"` of the two selections (the authors' script) or their
+            `"intersection"` (their code's default).
+        eksft_formula (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: the objective as the paper and the authors' code comments state it. `"authors"`: what their code
+            computes (`Σ p (p - log q)` for the KL term, `log(p + 1e-12)` in the entropy, λ times 1.05 or 0.95 at every
+            micro-batch, the selection one position after each target); `docs/losses.md` measures each difference.
+        eksft_target_entropy (`float`, *optional*, defaults to `0.5`):
+            The authors' formula only: `eksft_lambda_entropy` is multiplied by 1.05 for a micro-batch whose entropy term
+            is below this, by 0.95 otherwise.
+        eksft_target_kl (`float`, *optional*, defaults to `2.0`):
+            The authors' formula only: `eksft_lambda_kl` is multiplied by 1.05 for a micro-batch whose KL term is above
+            this, by 0.95 otherwise.
+        eksft_ref_model (`str`, *optional*):
+            EKSFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
+            starting weights (under PEFT the base model with the adapters disabled; in full fine-tuning a frozen copy).
+            Only valid with `loss_type="eksft"`.
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
@@ -149,7 +192,7 @@ class SFTConfig(_TRLSFTConfig):
         default="nll",
         metadata={
             "help": "Training objective: TRL's 'nll' or 'dft', or a trl_emo loss: 'gem', 'emo', 'tailr', 'mixce', "
-            "'ce_entropy' (or any registered loss)."
+            "'ce_entropy', 'eaft', 'asft', 'sed', 'eksft' (or any registered loss)."
         },
     )
     loss_implementation: str = field(
@@ -220,6 +263,45 @@ class SFTConfig(_TRLSFTConfig):
         default=None,
         metadata={"help": "ASFT reference model (folder or Hub id); default: the model's starting weights."},
     )
+    sed_lambda: float = field(
+        default=_default("sed", "lam"), metadata={"help": "SED-SFT's penalty weight lambda (>= 0; 0 is cross-entropy)."}
+    )
+    sed_top_k: int = field(default=_default("sed", "top_k"), metadata={"help": "k of SED's top-k mass mask."})
+    sed_threshold: float | None = field(
+        default=_default("sed", "threshold"),
+        metadata={"help": "SED's tau in (0, 1]; default: calibrated on the starting model, as the authors do."},
+    )
+    sed_threshold_ratio: float = field(
+        default=0.7, metadata={"help": "Share of positions whose top-k mass reaches the calibrated tau (0, 1]."}
+    )
+    sed_threshold_top_k: int = field(default=10, metadata={"help": "k of the calibration's top-k mass."})
+    sed_threshold_samples: int = field(default=100, metadata={"help": "Rows the tau calibration reads."})
+    eksft_ratio: float = field(
+        default=_default("eksft", "ratio"), metadata={"help": "EKSFT: share of tokens selected by entropy and by KL."}
+    )
+    eksft_lambda_entropy: float = field(
+        default=_default("eksft", "lambda_entropy"), metadata={"help": "EKSFT entropy bonus on selected tokens."}
+    )
+    eksft_lambda_kl: float = field(
+        default=_default("eksft", "lambda_kl"), metadata={"help": "EKSFT KL penalty on selected tokens."}
+    )
+    eksft_mode: str = field(
+        default=_default("eksft", "mode"), metadata={"help": "EKSFT tokens left out: 'union' or 'intersection'."}
+    )
+    eksft_formula: str = field(
+        default=_default("eksft", "formula"),
+        metadata={"help": "EKSFT: 'paper' or 'authors' (the authors' code, differences in docs/losses.md)."},
+    )
+    eksft_target_entropy: float = field(
+        default=_default("eksft", "target_entropy"), metadata={"help": "EKSFT authors' formula: entropy target of λ."}
+    )
+    eksft_target_kl: float = field(
+        default=_default("eksft", "target_kl"), metadata={"help": "EKSFT authors' formula: KL target of λ."}
+    )
+    eksft_ref_model: str | None = field(
+        default=None,
+        metadata={"help": "EKSFT reference model (folder or Hub id); default: the model's starting weights."},
+    )
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
@@ -275,11 +357,19 @@ class SFTConfig(_TRLSFTConfig):
             raise ValueError(f"gem_beta_min must be in (0, 1], got {self.gem_beta_min!r}.")
         if not (isinstance(self.gem_beta_step, (int, float)) and self.gem_beta_step > 0 and math.isfinite(self.gem_beta_step)):
             raise ValueError(f"gem_beta_step must be a positive number, got {self.gem_beta_step!r}.")
-        if self.asft_ref_model is not None and self.loss_type != "asft":
-            raise ValueError(
-                f"asft_ref_model is set but loss_type is {self.loss_type!r}: the reference model is only used by "
-                "loss_type='asft'. Remove asft_ref_model or set loss_type: asft."
-            )
+        for loss, field_name in (("asft", "asft_ref_model"), ("eksft", "eksft_ref_model")):
+            if getattr(self, field_name) is not None and self.loss_type != loss:
+                raise ValueError(
+                    f"{field_name} is set but loss_type is {self.loss_type!r}: the reference model is only used by "
+                    f"loss_type='{loss}'. Remove {field_name} or set loss_type: {loss}."
+                )
+        if not (isinstance(self.sed_threshold_ratio, (int, float)) and not isinstance(self.sed_threshold_ratio, bool)
+                and 0 < self.sed_threshold_ratio <= 1):
+            raise ValueError(f"sed_threshold_ratio must be in (0, 1], got {self.sed_threshold_ratio!r}.")
+        for name in ("sed_threshold_top_k", "sed_threshold_samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         if self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
             raise ValueError(f"loss_kwargs must be a mapping, got {type(self.loss_kwargs).__name__}.")
         # Every built-in hyper-parameter is checked whatever the loss, so a typo in a recipe fails

@@ -1,7 +1,7 @@
 """How a training command ends: the model saved where DPO and evaluation read it, then a last barrier across the
 processes that keeps every rank alive until the main process has written, and the process groups ended cleanly.
 
-`trl_emo.sft` and `trl_emo.dpo` end with `end_run(trainer)`; a script of one's own that trains under
+`trl_emo.sft`, `trl_emo.dpo` and `trl_emo.grpo` end with `end_run(trainer)`; a script of one's own that trains under
 `accelerate launch` should too (`docs/distributed.md`, "Ending a run").
 """
 

@@ -16,11 +16,17 @@ import torch
 
 from .trl_compat import gather_lm_head, head_parameters
 from ..losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
+from ..losses._common import select_label_rows
 from ..losses.fused import FusedLossOutput, HeadTransform
+from ..losses.registry import ROLES
 
 logger = logging.getLogger(__name__)
 
 COST_EMBEDDING_FILE = "trl_emo_cost_embedding.safetensors"
+_LABEL_ROWS_WITH_SHIFT_LABELS = (
+    "This loss reads the position after each target (eksft_formula='authors'), which pre-shifted labels "
+    "(`shift_labels`, context parallelism) do not give; use eksft_formula='paper' there."
+)
 
 
 def output_vocab_size(model) -> int:
@@ -135,15 +141,24 @@ class Objective:
         """A reference model must run (ASFT with `asft_alpha > 0`)."""
         return self.spec.wants_reference(self.hparams)
 
+    @property
+    def reads_label_rows(self) -> bool:
+        """The loss also reads the label rows (EKSFT's authors' formula; `LossSpec.label_rows`)."""
+        return self.spec.reads_label_rows(self.hparams)
+
     def fused(
-        self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None, reference=None
+        self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None,
+        reference=None, roles=None,
     ):
         """The objective from hidden states of the target positions (see `fused_linear_loss`); `reference`: the
-        reference model's `ReferenceHead` at the same positions (ASFT)."""
+        reference model's `ReferenceHead` at the same positions (ASFT, EKSFT); `roles`: when the loss reads label rows
+        too, which rows are targets and which are label rows (`select_label_rows`)."""
         _check_label_ids(targets, weight.shape[0])
         kwargs = self._kwargs(weight)
         if self.spec.needs_reference:
             kwargs = {**kwargs, "reference": reference}
+        if roles is not None:
+            kwargs = {**kwargs, ROLES: roles}
         return fused_linear_loss(
             hidden,
             weight,
@@ -164,23 +179,40 @@ class Objective:
     ) -> FusedLossOutput:
         """The reference path: the objective from the model's full logits `[B, T, V]` (and, for ASFT, the reference
         model's logits of the same batch)."""
-        targets, mask = select_targets(labels, shift_labels)
-        aligned = logits if shift_labels is not None else logits[:, :-1]
-        selected, selected_targets = aligned[mask], targets[mask]
-        _check_label_ids(selected_targets, logits.shape[-1])
         weight, _ = head_parameters(model)
         extra = {}
-        if self.spec.needs_reference:
+        roles = None
+        if self.reads_label_rows:
+            if shift_labels is not None:
+                raise ValueError(_LABEL_ROWS_WITH_SHIFT_LABELS)
+            mask, selected_targets, roles = select_label_rows(labels)
+            aligned = aligned_reference = logits
+            extra[ROLES] = roles
+            if reference_logits is not None:
+                aligned_reference = reference_logits
+        else:
+            targets, mask = select_targets(labels, shift_labels)
+            aligned = logits if shift_labels is not None else logits[:, :-1]
+            selected_targets = targets[mask]
             aligned_reference = None if reference_logits is None else (
                 reference_logits if shift_labels is not None else reference_logits[:, :-1]
             )
-            extra["reference"] = None if aligned_reference is None else aligned_reference[mask]
+        selected = aligned[mask]
+        _check_label_ids(selected_targets, logits.shape[-1])
+        if self.spec.needs_reference:
+            extra["reference"] = None if reference_logits is None else aligned_reference[mask]
         # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a gather (read only,
         # detached, so no gradient has to reach the shards).
         with gather_lm_head(weight) if self.reads_head else contextlib.nullcontext():
             values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight), **extra)
-        count = mask.sum() if num_items_in_batch is None else num_items_in_batch
+        target_rows = None if roles is None else roles["target"]
+        if num_items_in_batch is not None:
+            count = num_items_in_batch
+        else:  # the target positions (label rows that are not targets are no tokens)
+            count = mask.sum() if target_rows is None else target_rows.sum()
         total = values.sum() if values.numel() else aligned.sum() * 0.0
         loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
         stats = token_statistics(selected, selected_targets)
-        return FusedLossOutput(loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {})
+        return FusedLossOutput(
+            loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {}, target_rows
+        )

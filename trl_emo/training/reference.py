@@ -1,13 +1,13 @@
-"""ASFT's reference model: its final hidden states and head at the policy's target positions, without gradient.
+"""The reference model of ASFT and EKSFT: its final hidden states and head at the policy's positions, without gradient.
 
 Three sources, chosen once when the trainer is built:
 
-- `adapters_off` (PEFT, no `asft_ref_model`): the policy's own base model with its adapters disabled for
+- `adapters_off` (PEFT, no `asft_ref_model` / `eksft_ref_model`): the policy's own base model with its adapters disabled for
   the reference pass. No second copy in memory: the reference is exactly the starting model, since the
   adapters are what trains (and under PEFT the head is frozen, so it is shared too).
-- `copy` (full fine-tuning, no `asft_ref_model`): a frozen copy of the starting model, made once before
+- `copy` (full fine-tuning, no reference named): a frozen copy of the starting model, made once before
   training; its memory is logged.
-- `model` (`asft_ref_model`): another model with the same vocabulary, loaded once, frozen, on the
+- `model` (`asft_ref_model`, `eksft_ref_model`): another model with the same vocabulary, loaded once, frozen, on the
   policy's device and in its dtype.
 
 The copy and the separate model are plain modules: they are not sharded, so they are refused under
@@ -37,16 +37,18 @@ class ReferenceModel:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def build(cls, trainer, source: str | None) -> ReferenceModel:
+    def build(cls, trainer, source: str | None, field: str = "asft_ref_model", loss: str = "asft") -> ReferenceModel:
+        """The reference of `loss` (ASFT, EKSFT): `source` (the value of its `field`, a folder or Hub id) or the
+        starting model."""
         policy = trainer._base_model()
         sharded = trainer.is_deepspeed_enabled and _zero_stage(trainer) == 3 or trainer.is_fsdp_enabled
         is_peft = hasattr(trainer.model, "disable_adapter")
         if source is None and is_peft:
-            logger.info("ASFT reference: the base model with the adapters disabled (no second copy in memory).")
+            logger.info("%s reference: the base model with the adapters disabled (no second copy in memory).", loss.upper())
             return cls("adapters_off", peft_model=trainer.model)
         if sharded:
             raise ValueError(
-                "loss_type='asft' with a separate reference model (a frozen copy, or asft_ref_model) is not supported "
+                f"loss_type={loss!r} with a separate reference model (a frozen copy, or {field}) is not supported "
                 "under DeepSpeed ZeRO-3 or FSDP: the reference would not be sharded. Train with LoRA (use_peft: true; "
                 "the reference is then the base model with the adapters disabled), or use DDP / ZeRO-2."
             )
@@ -62,8 +64,8 @@ class ReferenceModel:
             from ..models.sources import load_causal_lm
 
             parameter = next(policy.parameters())
-            # A Hub failure (offline, gated, not found...) is one line naming `asft_ref_model`.
-            with hub_errors(model_sources("asft_ref_model", source)):
+            # A Hub failure (offline, gated, not found...) is one line naming the field (`asft_ref_model`...).
+            with hub_errors(model_sources(field, source)):
                 reference = load_causal_lm(
                     source, dtype=parameter.dtype, trust_remote_code=trainer.args.trust_remote_code
                 )
@@ -73,10 +75,10 @@ class ReferenceModel:
         reference.requires_grad_(False)
         if kind == "copy" and hasattr(reference, "gradient_checkpointing_disable"):
             reference.gradient_checkpointing_disable()
-        check_reference_vocabulary(reference, policy, source)
+        check_reference_vocabulary(reference, policy, source, loss)
         size = sum(p.numel() * p.element_size() for p in reference.parameters())
         what = "a frozen copy of the starting model" if kind == "copy" else f"{source}, frozen"
-        logger.warning("ASFT reference model: %s, %.2f GiB.", what, size / 2**30)
+        logger.warning("%s reference model: %s, %.2f GiB.", loss.upper(), what, size / 2**30)
         return cls(kind, model=reference)
 
     # -- use ----------------------------------------------------------------------------------
@@ -100,13 +102,13 @@ class ReferenceModel:
             return source(**inputs).logits
 
 
-def check_reference_vocabulary(reference, policy, source) -> None:
+def check_reference_vocabulary(reference, policy, source, loss: str = "asft") -> None:
     ref_vocab = reference.get_output_embeddings().weight.shape[0]
     vocab = policy.get_output_embeddings().weight.shape[0]
     if ref_vocab != vocab:
         raise ValueError(
-            f"Vocabulary mismatch: the ASFT reference model ({source or 'the starting model'}) has {ref_vocab} output "
-            f"tokens but the model being trained has {vocab}. The KL anchor compares the two distributions token by "
+            f"Vocabulary mismatch: the {loss.upper()} reference model ({source or 'the starting model'}) has {ref_vocab} "
+            f"output tokens but the model being trained has {vocab}. The KL term compares the two distributions token by "
             "token: use a reference with the same tokenizer and vocabulary size."
         )
 

@@ -63,6 +63,7 @@ class SFTTrainer(_TRLSFTTrainer):
         self._objective = None
         self._reference = None  # ASFT's reference model (trl_emo.training.reference.ReferenceModel)
         self._gem_schedule = None  # GEM's adaptive beta (trl_emo.training.gem_schedule.GemBetaSchedule)
+        self._sed_calibration = None  # SED's threshold to calibrate: (top_k, ratio, rows), until it is known
         self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
         self._eval_sums = _MetricSums()  # this evaluation's, logged at its end
         if args.loss_type not in TRL_LOSS_TYPES:
@@ -97,6 +98,7 @@ class SFTTrainer(_TRLSFTTrainer):
             self._base_model(),
             self._objective.fused if self._objective is not None else None,
             reference=self._reference.hidden_states if self._reference is not None else None,
+            reads_label_rows=self._objective is not None and self._objective.reads_label_rows,
         )
         add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
 
@@ -125,7 +127,12 @@ class SFTTrainer(_TRLSFTTrainer):
             from .reference import ReferenceModel
 
             # Built now, before any step: "the starting weights" are these.
-            self._reference = ReferenceModel.build(self, args.asft_ref_model)
+            field = self._objective.spec.reference_field
+            self._reference = ReferenceModel.build(
+                self, getattr(args, field) if field else None, field=field or "reference", loss=args.loss_type
+            )
+        if self._objective.spec.name == "sed" and self._objective.hparams.get("threshold") is None:
+            self._sed_calibration = (args.sed_threshold_top_k, args.sed_threshold_ratio, args.sed_threshold_samples)
         if args.gem_target_entropy is not None:
             from .gem_schedule import GemBetaSchedule, check_target_entropy
 
@@ -141,6 +148,12 @@ class SFTTrainer(_TRLSFTTrainer):
             resume_from_checkpoint = checkpoint
         if self._gem_schedule is not None and checkpoint and self._gem_schedule.load(checkpoint):
             self._objective.hparams["beta"] = self._gem_schedule.beta
+        if self._sed_calibration is not None and checkpoint:
+            from . import sed_threshold
+
+            saved = sed_threshold.load(checkpoint)
+            if saved is not None:
+                self._objective.hparams["threshold"] = saved
         if self._objective is not None and self._objective.needs_cost:
             restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
             head_trains = self._base_model().get_output_embeddings().weight.requires_grad
@@ -159,6 +172,10 @@ class SFTTrainer(_TRLSFTTrainer):
             self._objective.save_cost(self._checkpoint_folder(trial))
         if self._gem_schedule is not None and self.args.should_save:
             self._gem_schedule.save(self._checkpoint_folder(trial))
+        if self._sed_calibration is not None and self.args.should_save:
+            from . import sed_threshold
+
+            sed_threshold.save(self._checkpoint_folder(trial), self._objective.hparams["threshold"])
         super()._save_checkpoint(model, trial)
 
     def _checkpoint_folder(self, trial) -> str:
@@ -184,6 +201,8 @@ class SFTTrainer(_TRLSFTTrainer):
         logits_inputs = compat.loss_inputs(self, inputs)
         # Normally done when `train()` starts; here too for an `evaluate()` before any training.
         self._objective.prepare_cost(self._base_model())
+        if self._sed_calibration is not None and self._objective.hparams.get("threshold") is None:
+            self._calibrate_sed_threshold(model, inputs)
         if self.args.loss_implementation == "fused":
             outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
             loss, result, aux_loss = outputs.loss, outputs.result, outputs.aux_loss
@@ -215,21 +234,27 @@ class SFTTrainer(_TRLSFTTrainer):
         logged at the end of the optimizer step (training) or of the evaluation, each weighted as the Trainer weights
         this batch in its `loss` / `eval_loss`; and count TRL's `num_tokens`."""
         names = ("objective", "cross_entropy", "entropy", "mean_token_accuracy", *(outputs.metrics or {}))
-        count = outputs.token_losses.numel()
+        rows = outputs.target_rows  # None: every row is a target position (see `FusedLossOutput`)
+
+        def token_sum(values):
+            # Statistics of the target positions only; the objective's rows all count (they sum to the loss).
+            return (values.sum() if rows is None else (values * rows.to(values.dtype)).sum()).float()
+
+        count = outputs.token_losses.numel() if rows is None else rows.sum()
         sums = torch.stack(
             [
                 outputs.token_losses.sum().float(),
-                outputs.nll.sum().float(),
-                outputs.entropy.sum().float(),
-                outputs.is_top1.sum().float(),
-                *(outputs.metrics[name].sum().float() for name in names[4:]),
+                token_sum(outputs.nll),
+                token_sum(outputs.entropy),
+                token_sum(outputs.is_top1),
+                *(token_sum(outputs.metrics[name]) for name in names[4:]),
             ]
         )
         weighted = sums * compat.loss_weight(self, num_items_in_batch, count, mode, sums.device)
         if mode == "train":
             # GEM's schedule wants the step's plain token mean of the entropy, whatever the loss's weighting:
             # the raw token count and entropy sum travel with the weighted sums, in the same collective.
-            raw = torch.stack([torch.tensor(float(count), device=sums.device), sums[2]])
+            raw = torch.stack([torch.as_tensor(count, device=sums.device, dtype=torch.float32), sums[2]])
             self._train_sums.add(names, torch.cat([weighted, raw]))
         else:
             rows = compat.gather_eval_batch(self, weighted, inputs)
@@ -253,6 +278,8 @@ class SFTTrainer(_TRLSFTTrainer):
                 self._gem_schedule.observe(entropy_sum=entropy_sum, count=count)
         if self._gem_schedule is not None:
             self._update_gem_beta()
+        if self._sed_calibration is not None and self._objective.hparams.get("threshold") is not None:
+            compat.set_metric(self, "train", "sed_threshold", self._objective.hparams["threshold"])
 
     def evaluation_loop(self, *args, **kwargs):
         if self._objective is None:
@@ -267,6 +294,25 @@ class SFTTrainer(_TRLSFTTrainer):
             for name, value in zip(names, (sums / max(rows, 1)).tolist()):
                 compat.set_metric(self, "eval", name, value)
         return output
+
+    def _calibrate_sed_threshold(self, model, inputs) -> None:
+        """SED's `τ` on the model as it starts, once (see `trl_emo.training.sed_threshold`)."""
+        from accelerate.utils import broadcast
+
+        from . import sed_threshold
+
+        top_k, ratio, count = self._sed_calibration
+        dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+        rows = sed_threshold.calibration_rows(dataset, count)
+        device = inputs["input_ids"].device
+        value = sed_threshold.calibrate(model, self._base_model(), rows, top_k, ratio, device)
+        # Every process computed it on the same rows; the main process's value is everyone's.
+        value = float(broadcast(torch.tensor([value], device=device, dtype=torch.float64))[0])
+        self._objective.hparams["threshold"] = value
+        logger.warning(
+            "SED threshold calibrated on the starting model: tau = %.6f (top-%d mass reached by %g of the positions of "
+            "%d rows).", value, top_k, ratio, len(rows),
+        )
 
     def _update_gem_beta(self) -> None:
         beta = self._gem_schedule.update()

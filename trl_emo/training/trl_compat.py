@@ -113,7 +113,7 @@ def head_parameters(model):
     return weight, bias
 
 
-def add_objective_head(model, objective, reference=None) -> None:
+def add_objective_head(model, objective, reference=None, reads_label_rows: bool = False) -> None:
     """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
     `trl_emo_loss=True`.
 
@@ -125,11 +125,17 @@ def add_objective_head(model, objective, reference=None) -> None:
     num_items_in_batch, transform)`, which returns a `FusedLossOutput`. Without the flag the call is TRL's. Call it on
     the base model (`get_base_model()` under PEFT), like TRL does.
 
-    `reference(model, args, kwargs)`, when given (ASFT), returns a reference model's `(hidden [B, T, H'], head weight,
-    head bias, transform)` for the same batch, computed without gradient; its hidden states are shifted and masked
-    like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
+    `reference(model, args, kwargs)`, when given (ASFT, EKSFT), returns a reference model's `(hidden [B, T, H'], head
+    weight, head bias, transform)` for the same batch, computed without gradient; its hidden states are shifted and
+    masked like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
+
+    When the objective reads label rows (its `reads_label_rows`, EKSFT's authors' formula), the rows are the target
+    positions and the positions whose own label is a token (`trl_emo.losses._common.select_label_rows`), with their
+    roles as `roles=`. `trl_emo_probe=fn` instead returns `fn(hidden [B, T, H], weight, bias, transform)` after the
+    backbone, the head gathered as for the loss (SED's threshold calibration: every rank runs it).
     """
     from ..losses import select_targets
+    from ..losses._common import select_label_rows
 
     # Everything below is looked up on `self` at call time, never through a closure over this instance:
     # `copy.deepcopy(model)` rebinds the method to the copy, which must then run its own weights. (TRL's patch calls
@@ -140,8 +146,10 @@ def add_objective_head(model, objective, reference=None) -> None:
     transform = logit_transform(model)
 
     @functools.wraps(type(model).forward)
-    def forward(self, *args, trl_emo_loss=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not trl_emo_loss:
+    def forward(self, *args, trl_emo_loss=False, labels=None, shift_labels=None, num_items_in_batch=None,
+                trl_emo_probe=None, **kwargs):
+        probe = trl_emo_probe
+        if not trl_emo_loss and probe is None:
             passthrough = {"labels": labels, "shift_labels": shift_labels, "num_items_in_batch": num_items_in_batch}
             passthrough = {k: v for k, v in passthrough.items() if v is not None}
             if kwargs.get("fused_lm_head"):
@@ -149,34 +157,50 @@ def add_objective_head(model, objective, reference=None) -> None:
                 return fused(*args, **passthrough, **kwargs)
             kwargs.pop("fused_lm_head", None)
             return type(self).forward(self, *args, **passthrough, **kwargs)
-        if objective is None:
+        if objective is None and probe is None:
             raise ValueError("This model was patched without a trl_emo objective (loss_type is TRL's own).")
+        label_rows = probe is None and reads_label_rows
         text_config = self.config.get_text_config()
         kwargs["use_cache"] = False
         if getattr(text_config, "output_router_logits", False):
             kwargs.setdefault("output_router_logits", True)
         backbone_outputs = self.base_model(*args, **kwargs)
         hidden = backbone_outputs.last_hidden_state
-        if shift_labels is None:
-            hidden = hidden[:, :-1]
-        targets, mask = select_targets(labels, shift_labels)
         weight, bias = head_parameters(self)
+        if probe is not None:
+            # Hidden states of every position, for a computation of the caller's (SED's threshold calibration).
+            with gather_lm_head(weight, bias):
+                return probe(hidden.to(weight.device), weight, bias, transform)
+        extra = {}
+        if label_rows:
+            # The loss reads the label rows too (EKSFT's authors' formula): the rows are every position that is a
+            # target or has a label, with their roles.
+            if shift_labels is not None:
+                raise ValueError(
+                    "This loss reads the position after each target (eksft_formula='authors'), which pre-shifted "
+                    "labels (`shift_labels`, context parallelism) do not give; use eksft_formula='paper' there."
+                )
+            mask, row_targets, extra["roles"] = select_label_rows(labels.to(weight.device))
+        else:
+            if shift_labels is None:
+                hidden = hidden[:, :-1]
+            targets, mask = select_targets(labels, shift_labels)
+            targets, mask = targets.to(weight.device), mask.to(weight.device)
+            row_targets = targets[mask]
         # With `device_map`, the backbone can end on another device than the head.
         hidden = hidden.to(weight.device)
-        targets, mask = targets.to(weight.device), mask.to(weight.device)
-        extra = {}
         if reference is not None:
             from ..losses.asft import ReferenceHead
 
             ref_hidden, ref_weight, ref_bias, ref_transform = reference(self, args, kwargs)
-            if shift_labels is None:
+            if shift_labels is None and not label_rows:
                 ref_hidden = ref_hidden[:, :-1]
             extra["reference"] = ReferenceHead(
                 ref_hidden.to(weight.device)[mask], ref_weight, ref_bias, ref_transform.logit_scale, ref_transform.softcap
             )
         with gather_lm_head(weight, bias):
             # Masked positions are dropped before any product with the head.
-            result = objective(hidden[mask], weight, bias, targets[mask], num_items_in_batch, transform, **extra)
+            result = objective(hidden[mask], weight, bias, row_targets, num_items_in_batch, transform, **extra)
         aux_loss = None
         if kwargs.get("output_router_logits"):
             from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func

@@ -14,4 +14,4 @@ __all__ = [
 ]
 
 # Importing the built-in task modules registers them.
-from . import bon, continuation, creative, humaneval, icl, ifeval, math, mbpp  # noqa: E402,F401  # noqa: E402,F401  (EMO Section 4: issue 13)  # noqa: E402,F401  (issue 12)
+from . import bon, continuation, creative, humaneval, icl, ifeval, math, mbpp  # noqa: E402,F401 - registers every task

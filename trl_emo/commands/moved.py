@@ -1,12 +1,14 @@
 """The import names of modules that moved when the package was grouped by role (issue 27), kept importable.
 
 Until 0.1 the package top held every module (`trl_emo.config`, `trl_emo.sources`, `trl_emo.run_config`...). They now
-live in the subpackage of their layer (`docs/architecture.md`). A user's `import trl_emo.sources` or
-`from trl_emo.run_config import end_run` keeps working: the finder below answers the old name with the module that now
-holds it, the same module object (so a monkeypatch through either name patches both), and a `DeprecationWarning` names
-the new place. `trl_emo.hub_check` and `trl_emo.cli_utils` were split; each old name is a module that looks its attributes up in\nthe new ones.
+live in the subpackage of their layer (`docs/architecture.md`). A user's `import trl_emo.sources`,
+`from trl_emo.run_config import end_run` or `python -m trl_emo.demo` keeps working: the finder below answers the old
+name with the module that now holds it, the same module object (so a monkeypatch through either name patches both),
+and a `DeprecationWarning` names the new place. `trl_emo.hub_check` and `trl_emo.cli_utils` were split; each old name
+is a module that looks its attributes up in the new ones.
 
-The table names modules of higher layers as strings only: nothing here imports them until a user asks for an old name.
+It lives in the top layer because it names modules of every layer; it imports one only when a user asks for an old
+name (`importlib`, so the import contracts do not see these edges: the table below is the whole of them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import os
 import sys
 import types
 import warnings
@@ -47,11 +51,21 @@ SPLIT = {
         "trl_emo.evaluation.pipeline",
     ),
 }
+_HERE = os.path.abspath(__file__)
 
 
 def _warn(old: str, new: str) -> None:
+    """A `DeprecationWarning` attributed to the user's import, past the import machinery's frames (so that the default
+    filters, which show it for `__main__` code, see the user's line, whether the import was a statement, an
+    `importlib.import_module` or an unpickling)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename == _HERE or "importlib" in frame.f_code.co_filename
+        or frame.f_code.co_filename.startswith("<frozen")
+    ):
+        frame, level = frame.f_back, level + 1
     warnings.warn(f"{old} moved to {new}; the old name will be removed in a future release.", DeprecationWarning,
-                  stacklevel=3)
+                  stacklevel=level)
 
 
 class _SplitModule(types.ModuleType):
@@ -62,6 +76,8 @@ class _SplitModule(types.ModuleType):
         self._targets = targets
 
     def __getattr__(self, attr: str):
+        if attr == "__all__":  # `from trl_emo.hub_check import *`
+            return [name for name in self.__dir__() if not name.startswith("_")]
         if attr.startswith("__"):
             raise AttributeError(attr)
         for target in self._targets:
@@ -79,23 +95,40 @@ class _SplitModule(types.ModuleType):
 
 
 class _Loader(importlib.abc.Loader):
+    """Executes an old name by putting the module that now holds it in `sys.modules` under that name (the import
+    system then returns that entry): the moved module itself is never touched. `get_code` serves `python -m <old>`."""
+
     def __init__(self, old: str):
         self.old = old
 
     def create_module(self, spec):
-        if self.old in MOVED:
-            _warn(self.old, MOVED[self.old])
-            module = importlib.import_module(MOVED[self.old])
-            self.spec = module.__spec__
-            return module
-        _warn(self.old, " and ".join(SPLIT[self.old]))
-        return _SplitModule(self.old, SPLIT[self.old])
+        return None  # a blank module, replaced in `exec_module`
 
     def exec_module(self, module):
-        # The module is the new one, already executed; the import system registers it under the old name too, and
-        # has set its `__spec__` to the alias's: the real one is put back (pickling and `reload` read it).
         if self.old in MOVED:
-            module.__spec__ = self.spec
+            _warn(self.old, MOVED[self.old])
+            sys.modules[self.old] = importlib.import_module(MOVED[self.old])
+        else:
+            _warn(self.old, " and ".join(SPLIT[self.old]))
+            sys.modules[self.old] = _SplitModule(self.old, SPLIT[self.old])
+
+    def _new_name(self) -> str:
+        if self.old not in MOVED:
+            raise ImportError(f"{self.old} was split into {', '.join(SPLIT[self.old])} and cannot be run")
+        return MOVED[self.old]
+
+    def get_code(self, fullname):
+        """`python -m <old>`: run the new module as `__main__` (its relative imports need its own package)."""
+        new = self._new_name()
+        _warn(self.old, new)
+        return compile(f"import runpy\nrunpy.run_module({new!r}, run_name='__main__', alter_sys=True)\n",
+                       f"<{self.old}: moved to {new}>", "exec")
+
+    def get_source(self, fullname):
+        return importlib.util.find_spec(self._new_name()).loader.get_source(self._new_name())
+
+    def is_package(self, fullname):
+        return False
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):

@@ -1,0 +1,370 @@
+"""Test copies of the authors' losses, rewritten in plain PyTorch step by step from their code (the CUDA-only
+pieces replaced by the plain PyTorch they compute), each step citing the line it mirrors. `tests/test_sed_eksft.py`
+compares trl_emo's logits and fused paths with them in float64.
+
+- SED-SFT: `pppa2019/SED-SFT` at 6a89ea3 — `utils/sed_triton_loss.py` (`SEDLoss.forward`, cited `L:`),
+  `utils/sed_triton_ops.py` (flash-attention's Triton cross-entropy, `OPS:`; here `logsumexp - z_y`, what it
+  computes, with the same gradient), `sft_trainer_v2.py` (`sed_loss_triton`, `compute_loss`, `TR:`), `train.py`
+  (argument defaults and the threshold calibration, `TRAIN:`).
+- EKSFT: `MINE-USTC/EKSFT` at 0908ab2 — `src/llamafactory/train/eksft/trainer.py` (`T:`) and
+  `src/llamafactory/hparams/finetuning_args.py` (`FA:`); HF's `ForCausalLMLoss` (pad, shift, mean over non-ignored
+  targets) for their cross-entropy call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def _topk_indices(values: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    order = torch.sort(values, descending=largest, stable=True).indices
+    return order[:k]
+
+
+# -- SED-SFT ----------------------------------------------------------------------------------------------------------
+
+
+def sed_authors_forward(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    entropy_penalty_scale: float = 1.0,
+    top_k: int = 2,
+    cumsum_threshold: float = 0.95,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch: Optional[float] = None,
+    num_processes: int = 1,
+    probs_dtype: Optional[torch.dtype] = None,
+    return_metrics: bool = False,
+):
+    """SED-SFT loss exactly as in SEDLoss.forward (+ the trainer's reduction).
+
+    Args:
+      logits: [N, V] already *shifted* logits (row t predicts labels[t]); the trainer does the
+        shift and drops ignored rows before calling SEDLoss (TR:303-308). Any float dtype.
+      labels: [N] long, ignore_index (-100) marks ignored rows.
+      entropy_penalty_scale: lambda. Run-time value in the authors' script is 1.0
+        (TRAIN:78-81 default, not overridden by train_scripts/train_cumsum_numina.sh);
+        SEDLoss's own default of 0.2 (L:28) is always overridden by the trainer (TR:419/428).
+      top_k: k of the top-k mass. Run-time value 2 (TR:429, args.top_k is None -> 2).
+      cumsum_threshold: tau. At run time it is *computed* by train.py (TRAIN:304-316) as a
+        quantile of the base model's top-10 mass on held-out data (cumsum_ratio=0.7);
+        the 0.95 default (L:41, TR:258) is never used for loss='sed_with_topk_cumsum_ratio'.
+      num_items_in_batch: if given, mirrors reduction='none' + sum/num_items_in_batch (TR:289,317-318);
+        if None, mirrors reduction='mean' = sum / #non-ignored rows (L:115-119).
+      num_processes: the trainer multiplies the loss by accelerator.num_processes (TR:455).
+      probs_dtype: dtype in which the softmax / top-k / penalty branch is evaluated. The authors run
+        it in the dtype of the model logits (L:83-84: plain F.softmax on `input`), i.e. bf16 under
+        --bf16 with transformers>=4.45 (their CE part is always fp32 inside Triton, OPS:50-52,69).
+        None = use logits.dtype (exact math in float64). Pass torch.bfloat16 to emulate rounding.
+      return_metrics: also return (correct_pred_rate, mask_rate, extra_loss_mean) like L:143.
+    """
+    assert logits.dim() == 2 and labels.dim() == 1 and labels.shape[0] == logits.shape[0]
+    n_rows, vocab = logits.shape
+    valid = labels != ignore_index                                   # L:95  (mask of non-ignored rows)
+    safe_labels = torch.where(valid, labels, torch.zeros_like(labels))
+    # (authors index probs with the raw -100 at L:93, which wraps to column V-100; that value is
+    #  discarded at L:100, so using column 0 here changes nothing.)
+
+    # ---- 1. cross-entropy part: flash-attn Triton kernel, temperature 1 ----------------------
+    # OPS:44-58 online log-sum-exp in fp32; OPS:77 loss = lse - logit[label]; OPS:63-65 ignored -> 0.
+    # SEDLoss calls it with logit_scale=1.0 (L:23 default, never changed), lse_square_scale=0.0
+    # (L:77, so no z-loss), label_smoothing=0 (OPS:292 default).
+    # Its backward (OPS:129-142) is dloss * (softmax(z) - onehot(y)) with dloss=0 on ignored rows:
+    # exactly what autograd of (logsumexp - gather) gives below.
+    ce_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    z_ce = logits.to(ce_dtype)
+    lse = torch.logsumexp(z_ce, dim=-1)                                                  # OPS:58
+    z_y = z_ce.gather(1, safe_labels.unsqueeze(1)).squeeze(1)                           # OPS:69
+    ce = torch.where(valid, lse - z_y, torch.zeros_like(lse))                            # OPS:63-64,77
+
+    # ---- 2. probabilities for the penalty / mask (plain torch, autograd ON) ------------------
+    p_dtype = probs_dtype if probs_dtype is not None else logits.dtype
+    scaled = logits.to(p_dtype) * 1.0                                  # L:83 (logit_scale = 1.0)
+    probs = torch.softmax(scaled, dim=-1)                              # L:84  temperature 1
+
+    # ---- 3. top-k probability mass -----------------------------------------------------------
+    # L:88-89 torch.topk(probs, k, largest=True, sorted=True) then sum. Ties cannot change the sum
+    # (tied entries have equal values), so tie-breaking is irrelevant. This value only feeds the
+    # boolean comparison below, so no gradient ever flows through it.
+    topk_mass = torch.topk(probs, k=top_k, dim=-1, largest=True, sorted=True).values.sum(dim=-1)
+
+    # ---- 4. target probability (gradient flows through it) -----------------------------------
+    p_y = probs.gather(1, safe_labels.unsqueeze(1)).squeeze(1)         # L:92-93
+
+    # ---- 5. "dynamic" penalty term  p(p-1) + 1/4 = (p - 1/2)^2, zero on ignored rows ----------
+    penalty = torch.where(valid, p_y * (p_y - 1) + 0.25, torch.zeros_like(p_y))   # L:96-100
+
+    # ---- 6. selective mask: strict '<' on the top-k mass, bool -> no gradient ----------------
+    # L:104. NB: with bf16 probs, a python-float threshold is rounded to bf16 for the comparison.
+    m = topk_mass < cumsum_threshold
+
+    # ---- 7. combine ----------------------------------------------------------------------------
+    extra = penalty * m * entropy_penalty_scale                        # L:111
+    per_token = ce + extra                                             # L:112 (fp32 CE + extra -> promoted)
+
+    # ---- 8. reduction --------------------------------------------------------------------------
+    n_valid = valid.sum()
+    if num_items_in_batch is None:                                     # L:115-119 (reduction='mean', TR:289)
+        loss = per_token.sum() / n_valid if n_valid > 0 else per_token.sum() * 0.0
+    else:                                                              # TR:289 'none' + TR:317-318
+        loss = per_token.sum() / num_items_in_batch
+    loss = loss * num_processes                                        # TR:455
+
+    if not return_metrics:
+        return loss
+    with torch.no_grad():
+        # L:103,107: argmax hit-rate over ALL rows (denominator includes ignored rows, if any)
+        correct_pred_rate = (probs.argmax(dim=-1) == labels).sum() / n_rows
+        # L:108: 1 - fraction of rows that RECEIVE the penalty (i.e. share of rows masked out)
+        mask_rate = 1 - m.sum() / n_rows
+        extra_mean = extra.mean()                                      # L:143 extra_loss.mean()
+    return loss, correct_pred_rate, mask_rate, extra_mean
+
+
+# -- EKSFT ---------------------------------------------------------------------------------------------------------------
+
+
+def eksft_dynamic_lambdas(
+    entropy_loss_value: float,
+    kl_loss_value: float,
+    lambda_entropy: float,
+    lambda_kl: float,
+    target_entropy: float = 0.5,  # FA:380-383 default; not set by examples/example_eksft/eksft.sh
+    target_kl: float = 2.0,  # FA:384-387 default; not set by the script
+) -> tuple[float, float]:
+    """Per-call multiplicative nudge. Inputs are the CLI lambdas (re-read every call, T:378-379), and the
+    *current micro-batch's* detached entropy / KL loss values (``.item()``, T:383, T:388).  Outputs are used only
+    for this micro-batch's total loss (T:395) and are never written back, so the effective lambda is always
+    base*1.05 or base*0.95 -- it cannot drift over training.
+    """
+    lam_e = lambda_entropy * (1.05 if entropy_loss_value < target_entropy else 0.95)  # strict "<" (T:383)
+    lam_k = lambda_kl * (1.05 if kl_loss_value > target_kl else 0.95)  # strict ">" (T:388)
+    return lam_e, lam_k
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shared pieces
+# ----------------------------------------------------------------------------------------------------------------
+def _topk_masks(kl_stat, ent_stat, valid, k, largest_kl, largest_entropy, union):
+    """Mirror of ``create_intersection_mask`` (T:168-249).
+
+    Scope: the whole micro-batch, flattened over B*T (T:215, T:221, T:224) -- not per sequence, not per process
+    group (no all-gather is involved in selection).  Exactly ``k`` positions per criterion via torch.topk;
+    ties are resolved by topk's unspecified internal order (no threshold / no ">=").
+    Non-candidates are pushed to -inf (largest) / +inf (smallest) so they are never picked while k <= #valid
+    (T:204-212).
+    """
+    kl = kl_stat.clone()
+    ent = ent_stat.clone()
+    kl[~valid] = float("-inf") if largest_kl else float("inf")  # T:205-208
+    ent[~valid] = float("-inf") if largest_entropy else float("inf")  # T:209-212
+    n = kl.numel()
+    kk = min(k, n)  # T:218
+    # T:221, T:224 call torch.topk, whose order among tied values is unspecified; this copy takes the earlier
+    # positions first (one of the orders torch.topk may return), as trl_emo does, so that ties compare exactly.
+    kl_idx = _topk_indices(kl.reshape(-1), kk, largest_kl)  # T:221
+    ent_idx = _topk_indices(ent.reshape(-1), kk, largest_entropy)  # T:224
+    kl_mask = torch.zeros(n, dtype=torch.bool, device=kl.device)
+    kl_mask[kl_idx] = True  # T:233-234 (the "safe" filter at T:227-230 never removes anything)
+    ent_mask = torch.zeros(n, dtype=torch.bool, device=kl.device)
+    ent_mask[ent_idx] = True  # T:237-238
+    drop = (kl_mask | ent_mask) if union else (kl_mask & ent_mask)  # T:241-244
+    return drop.view_as(kl_stat), kl_mask.view_as(kl_stat), ent_mask.view_as(kl_stat)
+
+
+def _num_selected(n_valid: int, ratio: float) -> int:
+    # T:312-313: Python float product then int() -> floor (with float rounding of n*ratio), clipped at 0.
+    return max(0, int(n_valid * ratio))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# authors' code, literally
+# ----------------------------------------------------------------------------------------------------------------
+def eksft_authors_forward(
+    logits: torch.Tensor,  # [B,T,V] training-pass logits (requires_grad)
+    ref_logits: torch.Tensor,  # [B,T,V] frozen reference logits
+    labels: torch.Tensor,  # [B,T] UNshifted HF labels (label[t] is the token at input position t), -100 ignored
+    ratio: float = 0.2,
+    lambda_entropy: float = 0.05,
+    lambda_kl: float = 0.05,
+    mode: str = "union",  # "union" (script) | "intersection" (code default, FA:388-391)
+    *,
+    largest_kl: bool = True,
+    largest_entropy: bool = True,
+    target_entropy: float = 0.5,
+    target_kl: float = 2.0,
+    dynamic_lambda: bool = True,
+    raise_on_zero_k: bool = False,
+    return_parts: bool = False,
+):
+    assert mode in ("union", "intersection")
+    B, T, V = logits.shape
+
+    # ---- candidate mask: UNshifted labels != -100 (T:270-271). Position t is a candidate iff label[t] is a
+    # supervised token, but the statistics read at position t come from logits[t], which predict label[t+1].
+    valid = labels.ne(IGNORE_INDEX)
+
+    # ---- selection statistics: separate no-grad forward of policy and reference (T:142-145). With identical
+    # weights and no dropout these equal the training-pass logits, so we use logits.detach().
+    with torch.no_grad():
+        lp = F.log_softmax(logits.detach(), dim=-1)  # T:148
+        lq = F.log_softmax(ref_logits.detach(), dim=-1)  # T:149
+        p = lp.exp()  # T:152
+        ent_stat = -(p * lp).sum(-1)  # T:155: full-vocab Shannon entropy, NOT normalized
+        kl_stat = (p * (lp - lq).clamp(-1e10, 1e10)).sum(-1)  # T:159-160: full-vocab KL(pi_theta || pi_ref)
+        kl_stat = kl_stat * valid  # T:163
+        ent_stat = ent_stat * valid  # T:164
+
+        # ---- how many: k from the micro-batch's valid-label count (T:311-313)
+        n_valid = int(valid.sum().item())
+        k = _num_selected(n_valid, ratio)
+        if k > 0:  # T:315-318
+            drop, kl_mask, ent_mask = _topk_masks(
+                kl_stat, ent_stat, valid, k, largest_kl, largest_entropy, union=(mode == "union")
+            )
+        else:  # T:319-322
+            drop = valid
+            kl_mask = torch.zeros_like(valid)
+            ent_mask = torch.zeros_like(valid)
+        lq_const = lq  # reference log-probs, a constant in the loss (T:166, used at T:367)
+
+    # ---- training pass (T:336-339): probabilities of the grad-carrying logits
+    probs = torch.softmax(logits, dim=-1)
+
+    # ---- CE on the NOT-dropped tokens (T:346-351). The drop mask is applied to UNshifted labels; HF's
+    # ForCausalLMLoss then pads+shifts (logits[t] vs label[t+1]) and averages over the remaining non-ignored
+    # targets of this micro-batch (reduction "mean" because num_items_in_batch is not passed).
+    labels_ce = labels.masked_fill(drop, IGNORE_INDEX) if k > 0 else labels.clone()
+    shift_labels = F.pad(labels_ce, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    ce_loss = F.cross_entropy(
+        logits.reshape(-1, V), shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="mean"
+    )  # (ForCausalLMLoss also does logits.float(): an upcast from bf16 in their runs; skipped here for float64)
+
+    # ---- entropy bonus on the entropy-selected positions (T:357-363). Differentiable; normalized by log V of
+    # the (padded) logits width; log V literally computed as float32 (torch.log of an int tensor).
+    if bool(ent_mask.any()) and lambda_entropy > 0:
+        max_entropy = torch.log(torch.tensor(V, device=logits.device))  # T:358 (float32 scalar)
+        tok_ent = -(probs * torch.log(probs + 1e-12)).sum(-1) / max_entropy  # T:359
+        entropy_loss = (tok_ent * ent_mask.float()).sum() / (ent_mask.sum() + 1e-12)  # T:361: mean over k
+    else:
+        entropy_loss = torch.tensor(0.0, device=logits.device, dtype=logits.dtype)
+
+    # ---- "KL" penalty on the KL-selected positions (T:366-374). NOTE the bug: probs - log q_ref instead of
+    # log p - log q_ref, i.e. per token  sum_v p_v * (p_v - log q_v) = sum_v p_v^2 + H(p, q_ref)
+    #                                      = KL(p||q) + H(p) + sum_v p_v^2.
+    if bool(kl_mask.any()) and lambda_kl > 0:
+        log_diff = (probs - lq_const).clamp(-1e10, 1e10)  # T:367
+        kl_tok = (probs * log_diff).sum(-1) * valid  # T:369-370
+        kl_loss = (kl_tok * kl_mask.float()).sum() / (kl_mask.sum() + 1e-12)  # T:372: mean over k
+    else:
+        kl_loss = torch.tensor(0.0, device=logits.device, dtype=logits.dtype)
+
+    # ---- dynamic lambda (T:376-391): recomputed from the CLI values every call, never persisted
+    if dynamic_lambda:
+        lam_e, lam_k = eksft_dynamic_lambdas(
+            entropy_loss.item(), kl_loss.item(), lambda_entropy, lambda_kl, target_entropy, target_kl
+        )
+    else:
+        lam_e, lam_k = lambda_entropy, lambda_kl
+
+    total = ce_loss - lam_e * entropy_loss + lam_k * kl_loss  # T:395
+
+    # T:398 divides by (kl_mask | ent_mask).sum() for a logged IoU: with k == 0 this is a Python
+    # ZeroDivisionError, i.e. the authors' run crashes on micro-batches with < ceil(1/ratio) valid labels.
+    if k == 0 and raise_on_zero_k:
+        raise ZeroDivisionError("authors' code: IoU logging divides by zero when k == 0 (T:398)")
+
+    if return_parts:
+        return total, dict(
+            ce=ce_loss, entropy=entropy_loss, kl=kl_loss, lam_e=lam_e, lam_k=lam_k, k=k,
+            drop=drop, kl_mask=kl_mask, ent_mask=ent_mask,
+        )
+    return total
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# intended / "paper" objective
+# ----------------------------------------------------------------------------------------------------------------
+def eksft_paper_forward(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    labels: torch.Tensor,  # UNshifted HF labels
+    ratio: float = 0.2,
+    lambda_entropy: float = 0.05,
+    lambda_kl: float = 0.05,
+    mode: str = "union",
+    *,
+    largest_kl: bool = True,
+    largest_entropy: bool = True,
+    normalize_entropy: bool = True,  # code normalizes the loss-side entropy by log V (T:358-359)
+    lambda_rule: Optional[Callable[[float, float, float, float], tuple[float, float]]] = None,
+    return_parts: bool = False,
+):
+    """Objective as stated in the code's own comments/docstring (T:154-157, T:256-260) and the abstract:
+
+        L = CE over kept tokens  -  lam_H * mean_{t in S_H} H(pi_theta(.|t))  +  lam_KL * mean_{t in S_KL} KL_t,
+        KL_t = sum_v pi_theta(v|t) [log pi_theta(v|t) - log pi_ref(v|t)]   (forward KL from the policy, full vocab)
+        S_H / S_KL = top-floor(ratio*N) positions by entropy / KL over the micro-batch's N supervised positions,
+        kept = supervised positions not in (S_H u S_KL) [union] or not in (S_H n S_KL) [intersection].
+
+    Differences from ``eksft_authors_forward``: log-probs in KL; every position t refers to logits[t] and its
+    target label[t+1] (selection, CE drop and regularizers on the same logit row); fixed lambdas unless
+    ``lambda_rule`` is given (e.g. ``lambda H, K, le, lk: eksft_dynamic_lambdas(H, K, le, lk)``).
+    The paper body was not available, so the exact paper text for lambda adaptation / entropy normalization is
+    unverified.
+    """
+    assert mode in ("union", "intersection")
+    B, T, V = logits.shape
+    lg = logits[:, :-1]
+    rl = ref_logits[:, :-1]
+    tgt = labels[:, 1:]
+    valid = tgt.ne(IGNORE_INDEX)
+
+    with torch.no_grad():
+        lp = F.log_softmax(lg.detach(), -1)
+        lq = F.log_softmax(rl.detach(), -1)
+        p = lp.exp()
+        ent_stat = -(p * lp).sum(-1)
+        kl_stat = (p * (lp - lq)).sum(-1)
+        k = _num_selected(int(valid.sum().item()), ratio)
+        if k > 0:
+            drop, kl_mask, ent_mask = _topk_masks(
+                kl_stat, ent_stat, valid, k, largest_kl, largest_entropy, union=(mode == "union")
+            )
+        else:
+            drop = torch.zeros_like(valid)
+            kl_mask = torch.zeros_like(valid)
+            ent_mask = torch.zeros_like(valid)
+
+    logp = F.log_softmax(lg, -1)
+    pr = logp.exp()
+    keep = valid & ~drop
+    nll = -logp.gather(-1, tgt.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    ce_loss = (nll * keep).sum() / keep.sum().clamp_min(1)
+
+    if k > 0:
+        tok_ent = -(pr * logp).sum(-1)
+        if normalize_entropy:
+            tok_ent = tok_ent / math.log(V)
+        entropy_loss = (tok_ent * ent_mask).sum() / k
+        kl_tok = (pr * (logp - lq)).sum(-1)
+        kl_loss = (kl_tok * kl_mask).sum() / k
+    else:
+        entropy_loss = logits.new_zeros(())
+        kl_loss = logits.new_zeros(())
+
+    lam_e, lam_k = lambda_entropy, lambda_kl
+    if lambda_rule is not None:
+        lam_e, lam_k = lambda_rule(entropy_loss.item(), kl_loss.item(), lambda_entropy, lambda_kl)
+    total = ce_loss - lam_e * entropy_loss + lam_k * kl_loss
+    if return_parts:
+        return total, dict(ce=ce_loss, entropy=entropy_loss, kl=kl_loss, lam_e=lam_e, lam_k=lam_k, k=k,
+                           drop=drop, kl_mask=kl_mask, ent_mask=ent_mask)
+    return total

@@ -1,0 +1,188 @@
+"""SED-SFT and EKSFT in the trainer: SED's threshold calibrated as the authors' script does and kept on resume; EKSFT's
+reference model (a frozen copy, the adapters off, another model), its label rows through the model's patched forward,
+its logged selection; LoRA and QLoRA; the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import cpu_config
+from trl_emo import SFTTrainer
+from trl_emo.losses.sed import threshold_from_masses, top_k_mass
+from trl_emo.training import sed_threshold
+
+
+def logged(trainer, key):
+    return [row[key] for row in trainer.state.log_history if key in row]
+
+
+@torch.no_grad()
+def direct_threshold(model, dataset, top_k=10, ratio=0.7, rows=100):
+    """The authors' calibration, written out: every position of the first rows, top-k mass, the `ratio` quantile."""
+    masses = []
+    for row in list(dataset)[:rows]:
+        logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0].float()
+        masses.append(logits.softmax(-1).topk(top_k, -1).values.sum(-1))
+    return threshold_from_masses(torch.cat(masses), ratio)
+
+
+def test_sed_calibrates_its_threshold_on_the_starting_model_and_keeps_it_on_resume(
+    tmp_path, make_model, tokenizer, pc_dataset, monkeypatch
+):
+    args = cpu_config(tmp_path, loss_type="sed", max_steps=4, save_strategy="steps", save_steps=2,
+                      sed_threshold_samples=12)
+    model = make_model()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    expected = direct_threshold(trainer.model, trainer.train_dataset, rows=12)
+    assert trainer._objective.hparams["threshold"] is None
+    trainer.train()
+    tau = trainer._objective.hparams["threshold"]
+    assert tau == pytest.approx(expected, rel=1e-5)
+    assert logged(trainer, "sed_threshold") and set(logged(trainer, "sed_threshold")) == {tau}
+    shares = logged(trainer, "sed_mask")
+    assert shares and all(0.0 <= s <= 1.0 for s in shares) and max(shares) > 0
+    for row in (r for r in trainer.state.log_history if "loss" in r):
+        assert row["objective"] == pytest.approx(row["loss"], rel=1e-5)
+    saved = json.loads((tmp_path / "checkpoint-2" / sed_threshold.STATE_FILE).read_text())
+    assert float(saved["sed_threshold"]) == tau
+
+    # Resumed: the threshold of the checkpoint, never a calibration on trained weights.
+    def refuse(*_, **__):
+        raise AssertionError("calibrated again on resume")
+
+    monkeypatch.setattr(sed_threshold, "calibrate", refuse)
+    resumed = SFTTrainer(model=make_model(), args=cpu_config(tmp_path, loss_type="sed", max_steps=4),
+                         train_dataset=pc_dataset, processing_class=tokenizer)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed._objective.hparams["threshold"] == tau
+
+
+def test_sed_calibration_top_k_beyond_the_vocabulary_is_a_clear_error(tmp_path, make_model, tokenizer, pc_dataset):
+    model = make_model()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    args = cpu_config(tmp_path, loss_type="sed", sed_threshold_top_k=vocab + 1, max_steps=1)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=f"sed_threshold_top_k={vocab + 1} is larger than the model's vocabulary"):
+        trainer.train()
+
+
+def test_sed_with_a_given_threshold_runs_no_calibration(tmp_path, make_model, tokenizer, pc_dataset, monkeypatch):
+    monkeypatch.setattr(sed_threshold, "calibrate", lambda *a, **k: pytest.fail("calibrated"))
+    args = cpu_config(tmp_path, loss_type="sed", sed_threshold=0.5, sed_lambda=0.5, max_steps=2)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    trainer.train()
+    assert "sed_threshold" not in trainer.state.log_history[0]
+
+
+def test_top_k_mass_of_hidden_states_is_that_of_the_logits(make_model):
+    model = make_model()
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state
+        logits = model(input_ids=ids).logits
+    got = top_k_mass(hidden, model.lm_head.weight, None, None, 3, chunk_rows=4)
+    assert torch.allclose(got, logits.softmax(-1).topk(3, -1).values.sum(-1).flatten(), atol=1e-6)
+
+
+def test_eksft_full_fine_tuning_selects_against_a_frozen_copy(tmp_path, make_model, tokenizer, pc_dataset):
+    args = cpu_config(tmp_path, loss_type="eksft", max_steps=6, learning_rate=1e-2, eksft_ratio=0.3)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    assert trainer._reference.kind == "copy"
+    trainer.train()
+    kl = logged(trainer, "eksft_kl")
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-4  # the first step's policy is the reference
+    for key in ("eksft_dropped", "eksft_entropy_selected", "eksft_kl_selected", "eksft_overlap"):
+        values = logged(trainer, key)
+        assert values and all(0.0 <= v <= 1.0 for v in values), key
+    # ⌊0.3 N⌋ tokens by each criterion, per micro-batch: a little under 0.3 of the tokens each.
+    assert all(0.2 < v <= 0.3 + 1e-6 for v in logged(trainer, "eksft_entropy_selected"))
+    assert all(o <= min(e, k) + 1e-9 for o, e, k in zip(logged(trainer, "eksft_overlap"),
+                                                          logged(trainer, "eksft_entropy_selected"),
+                                                          logged(trainer, "eksft_kl_selected")))
+    for row in (r for r in trainer.state.log_history if "loss" in r):
+        assert row["objective"] == pytest.approx(row["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("formula", ["authors", "paper"])
+def test_eksft_fused_equals_logits_through_the_models_forward(tmp_path, make_model, tokenizer, pc_dataset, formula):
+    """The fused path (through the patched forward: label rows, the reference's hidden states) and the logits path give
+    the same losses and weights, step after step, with gradient accumulation."""
+    runs = {}
+    for implementation in ("fused", "logits"):
+        args = cpu_config(tmp_path / implementation, loss_type="eksft", eksft_formula=formula, eksft_ratio=0.4,
+                          eksft_lambda_entropy=0.5, eksft_lambda_kl=1.0, loss_implementation=implementation,
+                          max_steps=3, per_device_train_batch_size=4, gradient_accumulation_steps=2, optim="sgd",
+                          learning_rate=0.1)
+        trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+        trainer.train()
+        runs[implementation] = (logged(trainer, "loss"), torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))
+    assert torch.allclose(torch.tensor(runs["fused"][0]), torch.tensor(runs["logits"][0]), rtol=1e-5)
+    # Plain SGD: Adam would turn float32 rounding of near-zero gradients into whole steps of the learning rate.
+    assert torch.allclose(runs["fused"][1], runs["logits"][1], atol=1e-5)
+
+
+def test_eksft_under_lora_uses_the_adapters_off_and_a_separate_reference_is_checked(
+    tmp_path, make_model, tokenizer, pc_dataset
+):
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    args = cpu_config(tmp_path / "lora", loss_type="eksft", eksft_formula="authors", max_steps=4, learning_rate=5e-2)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer,
+                         peft_config=peft_config)
+    assert trainer._reference.kind == "adapters_off" and trainer._reference.model is None
+    trainer.train()
+    assert logged(trainer, "eksft_kl")[-1] > 0
+
+    make_model(seed=7).save_pretrained(str(tmp_path / "ref"))
+    args = cpu_config(tmp_path / "other", loss_type="eksft", eksft_ref_model=str(tmp_path / "ref"), max_steps=1)
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=pc_dataset, processing_class=tokenizer)
+    assert trainer._reference.kind == "model"
+    trainer.train()
+    assert logged(trainer, "eksft_kl")[0] > 1e-3  # another model: not zero from the start
+    with pytest.raises(ValueError, match="eksft_ref_model is set but loss_type is 'sed'"):
+        cpu_config(tmp_path / "bad", loss_type="sed", eksft_ref_model=str(tmp_path / "ref"))
+
+
+def test_eksft_ratio_zero_is_cross_entropy_without_a_reference(tmp_path, make_model, tokenizer, pc_dataset):
+    runs = {}
+    # Both formulas: the authors' one reads label rows only for its selection, none at ratio 0.
+    for loss_type, extra in (("eksft", {"eksft_ratio": 0.0}), ("eksft_authors", {"eksft_ratio": 0.0}),
+                             ("ce_entropy", {"entropy_coef": 0.0})):
+        if loss_type == "eksft_authors":
+            loss_type, extra = "eksft", {**extra, "eksft_formula": "authors"}
+            name = "eksft_authors"
+        else:
+            name = loss_type
+        trainer = SFTTrainer(model=make_model(), args=cpu_config(tmp_path / name, loss_type=loss_type, max_steps=3,
+                                                                 **extra),
+                             train_dataset=pc_dataset, processing_class=tokenizer)
+        runs[name] = trainer
+        trainer.train()
+    assert runs["eksft"]._reference is None and runs["eksft_authors"]._reference is None
+    for name in ("eksft", "eksft_authors"):
+        assert torch.allclose(torch.tensor(logged(runs[name], "loss")), torch.tensor(logged(runs["ce_entropy"], "loss")),
+                              rtol=1e-5), name
+
+
+def test_qlora_4bit_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):
+    """EKSFT, the loss with the most machinery (its reference is the 4-bit base with the adapters off)."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    make_model(hidden_size=64, intermediate_size=128).save_pretrained(str(tmp_path / "base"))
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "base"), quantization_config=quant, dtype=torch.float32, device_map={"": "cpu"}
+    )
+    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    args = cpu_config(tmp_path / "out", loss_type="eksft", max_steps=3, learning_rate=1e-2)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=pc_dataset, processing_class=tokenizer,
+                         peft_config=peft_config)
+    trainer.train()
+    losses = logged(trainer, "loss")
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert type(trainer.model.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear4bit"
