@@ -16,7 +16,9 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from .command_line import CommandLine
-from .run_config import RunArguments, check_sft_output, model_init_kwargs, starting_policy, trainer_model_kwargs
+from .run_config import (
+    RunArguments, check_sft_output, evaluation_split, model_init_kwargs, starting_policy, trainer_model_kwargs,
+)
 
 # The answer reward a GRPO prompt set gets when the recipe names none.
 DEFAULT_REWARDS = {"gsm8k": ["gsm8k_answer"], "math": ["math_answer"]}
@@ -151,10 +153,7 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
         train_dataset, eval_dataset, info = load_grpo_datasets(script_args, data_args, tokenizer)
     if reward_funcs is None:
         reward_funcs = _rewards(grpo_args, training_args, info.schema, notes)
-    if training_args.eval_strategy != "no" and eval_dataset is None:
-        raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
-    if training_args.eval_strategy == "no":
-        eval_dataset = None
+    eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return GRPORun(
         script_args, training_args, model_args, data_args, grpo_args, run_args, policy, tokenizer, train_dataset,

@@ -319,6 +319,16 @@ def check_sft_output(model_args, training_args, script_args, dataset_example: st
         raise ConfigError(f"model_name_or_path not found: {model_args.model_name_or_path}")
 
 
+def evaluation_split(training_args, script_args, eval_dataset):
+    """The evaluation dataset a DPO or GRPO run uses: required when `eval_strategy` is set (a one-line `ConfigError`
+    naming the missing split), dropped when it is not."""
+    if training_args.eval_strategy == "no":
+        return None
+    if eval_dataset is None:
+        raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
+    return eval_dataset
+
+
 def starting_policy(model_args, training_args, dry_run: bool):
     """`(policy, tokenizer)` of a run after SFT: the SFT model itself, or its adapter merged into the base once under
     `<output_dir>/sft-merged` (`dpo_starting_model`; an absolute path, which a new adapter saved over it names as its
@@ -357,10 +367,7 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     with hub_errors(hub_sources):
         policy, tokenizer = starting_policy(model_args, training_args, run_args.dry_run)
         train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
-    if training_args.eval_strategy != "no" and eval_dataset is None:
-        raise ConfigError(f"eval_strategy is set but the dataset has no {script_args.dataset_test_split!r} split.")
-    if training_args.eval_strategy == "no":
-        eval_dataset = None
+    eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return DPORun(
         script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,
