@@ -81,7 +81,7 @@ STAGES = [
     Stage("kernels", 45, "row kernels on this GPU against the PyTorch path"),
     Stage("rowconf", 45, "row kernels alone at each launch configuration"),
     Stage("loss", 200, f"loss benchmark {LOSS_SIZE} bf16, each variant in its own process"),
-    Stage("step", 110, "trainer step, Llama-3.2-1B shape, full bf16"),
+    Stage("step", 240, "trainer step, Llama-3.2-1B shape, full bf16"),
     Stage("qlora", 150, "trainer step, Llama-3-8B shape, QLoRA"),
     Stage("tests", 150, "python -m pytest -m gpu"),
 ]

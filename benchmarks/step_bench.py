@@ -93,7 +93,9 @@ def worker(args) -> dict:
                                                      dtype=dtype, device_map={"": 0} if cuda else {"": "cpu"})
         peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     else:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # Built on the device: a random 1B-parameter init on the host took most of a variant's minute on a lent GPU.
+        with torch.device("cuda" if cuda else "cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     total_steps = args.warmup + args.steps
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, config.vocab_size, (args.batch * total_steps, args.seq), generator=gen)

@@ -95,9 +95,9 @@ def append(path: Path, code: str) -> None:
 def test_the_contracts_hold():
     result = lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    for contract in ("Layers:", "No import cycle", "The losses import nothing"):
+    for contract in ("Layers:", "No import cycle", "The losses import nothing", "The code sandbox has one face"):
         assert contract in result.stdout
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 def test_no_import_cycle_between_modules_lazy_imports_included():
@@ -146,6 +146,31 @@ def test_a_cycle_inside_a_layer_is_found(package_copy):
     assert result.returncode != 0 and "No import cycle" in result.stdout and "BROKEN" in result.stdout
 
 
+def test_the_code_sandbox_is_one_package_with_one_face():
+    """Issue 35: the sandbox and code-execution modules live in `evaluation/sandbox/`, none at `evaluation/`'s top;
+    behind `__init__` every module is private (a leading underscore), which the `sandbox-private` contract guards."""
+    evaluation = PACKAGE / "evaluation"
+    assert not [p.name for p in evaluation.glob("*.py") if p.name.startswith(("sandbox", "code_"))]
+    modules = {p.stem for p in (evaluation / "sandbox").glob("*.py")} - {"__init__"}
+    assert {"_sandbox", "_bootstrap", "_code_execution", "_code_runner"} <= modules
+    assert all(name.startswith("_") for name in modules), modules
+
+
+def test_a_private_sandbox_module_imported_from_outside_breaks_its_contract(package_copy):
+    # The code tasks reaching past the sandbox's face, lazily, into the module that holds it (the tree's own imports
+    # between the private modules, `_code_execution -> _sandbox`, are allowed: they are inside the package).
+    append(package_copy / "trl_emo" / "evaluation" / "tasks" / "code.py", """
+        def _refusal():
+            from ..sandbox._sandbox import _refusal
+
+            return _refusal
+    """)
+    result = lint(package_copy)
+    assert result.returncode != 0
+    assert "imports its private (_) modules BROKEN" in " ".join(result.stdout.split())  # the name wraps
+    assert "trl_emo.evaluation.tasks.code -> trl_emo.evaluation.sandbox._sandbox" in result.stdout
+
+
 def test_the_package_top_holds_init_and_thin_entry_modules_only():
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
     assert modules == ENTRY_MODULES
@@ -169,6 +194,10 @@ OLD_NAMES = textwrap.dedent(
         import trl_emo.config
     except DeprecationWarning as exc:
         print("warned:", exc)
+    try:
+        import trl_emo.evaluation.sandbox_uids
+    except DeprecationWarning as exc:
+        print("warned:", exc)
     warnings.simplefilter("ignore", DeprecationWarning)
     import trl_emo.config as old
     assert old is new and old.__spec__.name == "trl_emo.training.config", old.__spec__
@@ -190,6 +219,10 @@ OLD_NAMES = textwrap.dedent(
     from trl_emo.sft import run, main, make_parser, NAME
     assert NAME == "trl_emo.sft"
     from trl_emo.real_model import smollm2_instruct
+    import trl_emo.evaluation.sandbox as sandbox
+    from trl_emo.evaluation.code_execution import CodeJob, verdict
+    from trl_emo.evaluation.sandbox_uids import UNPRIVILEGED_UIDS, _lease_uid
+    assert CodeJob is sandbox.CodeJob and UNPRIVILEGED_UIDS is sandbox.UNPRIVILEGED_UIDS and verdict and _lease_uid
     try:
         trl_emo.hub_check.no_such_name
     except AttributeError as exc:
@@ -206,6 +239,8 @@ def test_the_old_module_names_still_import():
     lines = result.stdout.splitlines()
     assert lines[-1] == "ok"
     assert "warned: trl_emo.config moved to trl_emo.training.config" in result.stdout
+    assert ("warned: trl_emo.evaluation.sandbox_uids moved to trl_emo.evaluation.sandbox._uids (private: import from "
+            "trl_emo.evaluation.sandbox)") in result.stdout
     assert any(line.startswith("missing: module 'trl_emo.hub_check' has no attribute 'no_such_name'") for line in lines)
 
 

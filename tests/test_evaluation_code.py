@@ -13,12 +13,12 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the code sandbox targets Linux")
 
-from trl_emo.evaluation import code_execution, generation, metrics  # noqa: E402
+from trl_emo.evaluation import generation, metrics  # noqa: E402
 from trl_emo.commands.evaluate import run  # noqa: E402
-from trl_emo.evaluation.code_execution import (  # noqa: E402
-    MAGICODER_PROMPT, CodeJob, extract_code, humaneval_problem, mbpp_problem, run_checks, sanitize,
+from trl_emo.evaluation.sandbox import (  # noqa: E402
+    MAGICODER_PROMPT, CodeJob, Sandbox, SandboxLimits, extract_code, humaneval_problem, mbpp_problem, run_checks,
+    sanitize,
 )
-from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits  # noqa: E402
 
 from conftest import save_eval_policy, write_eval_recipe  # noqa: E402
 from data_fixtures import write_jsonl  # noqa: E402
@@ -222,7 +222,7 @@ def scripted_policy(monkeypatch):
 @pytest.fixture
 def counted_runs(monkeypatch):
     calls = {"programs": 0}
-    original = code_execution.run_checks
+    original = run_checks
 
     def counting(sandbox, jobs):
         jobs = list(jobs)
@@ -287,7 +287,7 @@ def test_mbpp_resumes_an_interrupted_execution_and_the_policy_prompt(
     output_dir = tmp_path / "mbpp"
     argv = ["--recipe", code_recipe(assets, output_dir, task="mbpp", n=2, code_k_values=[1, 2], code_prompt="policy"),
             "--allow_code_execution", "true"]
-    original = code_execution.run_checks
+    original = run_checks
     executed = []
 
     def interrupted(sandbox, jobs):
@@ -336,7 +336,7 @@ def test_code_tasks_refuse_without_landlock_or_privilege_drop_unless_the_risk_is
     assets, tmp_path, scripted_policy, capsys, monkeypatch
 ):
     # A kernel without Landlock and an evaluator that is not root: nothing would keep the programs from its files.
-    from trl_emo.evaluation import sandbox
+    from trl_emo.evaluation.sandbox import _sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "_CONFINEMENT", {"landlock": 0, "network": False, "drop": False, "bubblewrap": None})
     monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)

@@ -208,13 +208,18 @@ def test_embedding_diversity_with_the_packaged_minilm():
         ("The answer is 0.5", "1/2"),
         ("The answer is $18.00.", "18"),
         ("the answer is -2.5 degrees", "-5/2"),
-        ("First try: The answer is 3. Wait, no. The answer is 7 and that is final", "7"),
+        ("First try: The answer is 3. Wait, no. The answer is 7.", None),  # two different final answers: none
+        ("The answer is 7 and that is final", None),  # more than one answer and its units: not one answer
+        ("The answer is 7.\n#### 7", "7"),  # the same answer stated twice
         ("12 + 30 = 42, so the total is 42.", None),  # no `The answer is`: no answer
-        ("The answer is unknown, 42 was a guess.", "42"),  # first number after the last marker
+        ("The answer is unknown, 42 was a guess.", None),  # a number inside a sentence is not the stated answer
         ("The answer is unclear.", None),
         ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),  # gold format
         ("#### 1,000", "1000"),
-        ("The answer is 10, 20 or 30", "10"),  # a comma list is not a thousands separator
+        ("The answer is 10, 20 or 30", None),  # alternatives (and a comma list is not a thousands separator)
+        ("The answer is 1,0720", None),  # invalid thousands groups: no number, not 10720
+        ("The answer is \\frac{1}{2}", "1/2"),  # LaTeX fractions are numbers
+        ("The answer is 18.\nCheck: 3 * 6 = 18.", None),  # more work after the answer
         ("", None),
     ],
 )

@@ -18,8 +18,9 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
-from trl_emo.evaluation.code_execution import CodeJob, run_checks  # noqa: E402
-from trl_emo.evaluation.sandbox import MARKER_VARIABLE, Sandbox, SandboxLimits, confinement  # noqa: E402
+from trl_emo.evaluation.sandbox import (  # noqa: E402
+    MARKER_VARIABLE, CodeJob, Sandbox, SandboxLimits, confinement, run_checks,
+)
 
 SETUP = "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(-2) == 4\n"
 GOOD = "def square(x):\n    return x * x\n"

@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
-from trl_emo.evaluation import sandbox as sandbox_module  # noqa: E402
+from trl_emo.evaluation.sandbox import _sandbox as sandbox_module  # noqa: E402
 from trl_emo.evaluation.config import EvalConfig  # noqa: E402
 from trl_emo.evaluation.sandbox import (  # noqa: E402
     MARKER_VARIABLE, UNPRIVILEGED_UIDS, Sandbox, SandboxError, SandboxLimits, UnconfinedError, bubblewrap_argv,
@@ -44,8 +44,7 @@ EVALUATOR_GROUP = 4242  # a supplementary group the evaluator runs with (root's 
 EVALUATOR = textwrap.dedent(
     """
     import json, os, signal, sys
-    from trl_emo.evaluation.code_execution import CodeJob, run_checks
-    from trl_emo.evaluation.sandbox import Sandbox, SandboxLimits
+    from trl_emo.evaluation.sandbox import CodeJob, Sandbox, SandboxLimits, run_checks
 
     received = []
     signal.signal(signal.SIGUSR1, lambda number, frame: received.append(number))

@@ -146,6 +146,37 @@ def test_rows_become_grpo_prompts_with_their_reference():
     assert own["prompt"][0]["role"] == "user" and own["answer"] == "4"
 
 
+def test_rows_without_a_reference_stay_unscored_and_numbers_are_written_out(tmp_path, caplog):
+    # One empty `answer` used to stop the whole run with a data error; a JSON number was read as `str(1e-05)` = "1e-05",
+    # then as the number 1.
+    import logging
+    from types import SimpleNamespace
+
+    from trl_emo.data import DataArguments, DataError
+    from trl_emo.data.verifiable import load_grpo_datasets
+
+    def load(rows, name):
+        script = SimpleNamespace(dataset_name=str(write_jsonl(tmp_path / name, rows)), dataset_config=None,
+                                 dataset_train_split="train", dataset_test_split=None)
+        data = DataArguments(dataset_schema="prompt_answer", prompt_format="alpaca")
+        return load_grpo_datasets(script, data, tokenizer=None)[0]
+
+    rows = [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 1 + 1?", "answer": ""},
+            {"prompt": "What is 3 + 3?", "answer": None}]
+    with caplog.at_level(logging.WARNING, logger="trl_emo.data.verifiable"):
+        train = load(rows, "own.jsonl")
+    assert train["answer"] == ["4", "", ""]
+    assert "2 of 3 rows of split 'train' have no reference answer" in caplog.text
+    completions = [chat("The answer is 4"), chat("#### 4"), chat("\\boxed{4}")]
+    for reward in REWARDS.values():  # the empty rows are not scored by any reward: TRL gives them no advantage
+        assert reward(None, completions, answer=train["answer"])[1:] == [None, None]
+    with pytest.raises(DataError, match="No row of split 'train' has a reference answer"):
+        load([{"prompt": "What is 1 + 1?", "answer": ""}], "none.jsonl")
+    numbers = load([{"prompt": "A tiny rate?", "answer": 0.00001}, {"prompt": "How many?", "answer": 72.0}], "n.jsonl")
+    assert numbers["answer"] == ["0.00001", "72"]
+    assert gsm8k_answer(None, ["The answer is 1", "The answer is 0.00001"], answer=[0.00001] * 2) == [0.0, 1.0]
+
+
 # -- the command: fixtures -----------------------------------------------------------------------------------------
 
 
@@ -202,7 +233,7 @@ def test_two_steps_from_a_full_sft_output_then_resume(tiny, tmp_path):
     sft_model = AutoModelForCausalLM.from_pretrained(tiny["full"])
     assert model.config.vocab_size == sft_model.config.vocab_size
     assert 7 in GenerationConfig.from_pretrained(str(out)).eos_token_id  # the SFT model's end of turn, kept
-    assert not (out / "sft-merged").exists()
+    assert not (out / "_sft-merged").exists()
 
     # Resume: the run continues from its last checkpoint to the new max_steps. A marker planted in the checkpoint's
     # state shows that the state came from there (a run started afresh, being seeded, would log the same rewards).
@@ -225,7 +256,7 @@ def test_two_steps_from_a_lora_adapter_merged_first_then_a_new_adapter(tiny, tmp
     argv = ["--model_name_or_path", tiny["lora"], "--dataset_name", tiny["math"], "--use_peft", "true",
             "--lora_target_modules", "all-linear", *short(out)]
     assert grpo.run(argv) == 0
-    merged = out / "sft-merged"
+    merged = out / "_sft-merged"
     assert (merged / MERGE_STAMP).is_file() and (merged / "tokenizer.json").is_file()
     # The new adapter names the merged SFT model (an absolute path) as its base: evaluation loads and merges it.
     assert adapter_base(str(out)) == str(merged.resolve())
@@ -242,7 +273,7 @@ def test_dry_run_prints_the_configuration_prompts_and_reference_answers(tiny, tm
     assert "<|user|>\n" + row["question"] + "<|end|>\n<|assistant|>\n" in out  # the SFT model's own chat template
     assert "[answer] " + row["answer"] in out and "[gsm8k_answer compares with] 9" in out
     assert "--- prompt 1 ---" in out and "--- prompt 2 ---" not in out
-    assert not (tmp_path / "out" / "sft-merged").exists()  # a dry run merges nothing
+    assert not (tmp_path / "out" / "_sft-merged").exists()  # a dry run merges nothing
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
@@ -284,7 +315,8 @@ def test_errors_are_one_line_with_exit_status_2(tiny, tmp_path, capsys):
     assert grpo.run(["--recipe", str(recipe), *model, *base]) == 2
     assert "did you mean 'reward_funcs'" in _one_line_error(capsys)
     assert grpo.run(["--model_name_or_path", str(tmp_path / "no-such-sft"), *base]) == 2
-    assert "model_name_or_path not found" in _one_line_error(capsys)
+    error = _one_line_error(capsys)
+    assert "model_name_or_path: " in error and "no-such-sft not found" in error
     assert grpo.run(["--model_name_or_path", "nobody/no-such-sft-model", *base]) == 2  # the Hub preflight, offline
     assert "'nobody/no-such-sft-model'" in (line := _one_line_error(capsys)) and "HF_HUB_OFFLINE" in line
     assert grpo.run([*model, *base, "--dataset_name", "nobody/no-such-prompts"]) == 2

@@ -49,9 +49,11 @@ def empty_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """A model folder (never loaded: the check comes first), the fixture datasets, an adapter whose base is a Hub id."""
+    """A model folder (its config alone: never loaded, the check comes first), the fixture datasets, an adapter whose
+    base is a Hub id."""
     root = tmp_path_factory.mktemp("hub_errors")
     (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")  # a folder without one is an error of its own (test_bad_inputs)
     adapter = root / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "nobody/base", "r": 4}))

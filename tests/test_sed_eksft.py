@@ -14,7 +14,7 @@ from authors_code import eksft_authors_forward, eksft_paper_forward, sed_authors
 from trl_emo.losses import _triton, fused_linear_loss, get_loss
 from trl_emo.losses._common import select_label_rows, select_targets
 from trl_emo.losses.asft import ReferenceHead
-from trl_emo.losses.eksft import row_statistics
+from trl_emo.losses.eksft import TIE_QUANTUM, row_statistics
 
 torch.set_default_dtype(torch.float32)
 B, T, H, V = 3, 14, 8, 40
@@ -367,3 +367,88 @@ def test_sed_triton_kernel_equals_the_authors_code(small_blocks):
                               backend="triton")
     assert_same([fused.loss.detach()], [authors.detach()], "value", rtol=1e-5)
     assert_same(grads(fused.loss, hidden, weight), grads(authors, hidden, weight), "gradient", rtol=1e-4)
+
+
+# -- EKSFT's ties: the same rows on every backend and chunk size -------------------------------------------------------
+
+EKSFT_BACKENDS = ["torch"] + (["triton"] if _triton.HAS_TRITON and (torch.cuda.is_available() or _triton.interpreting())
+                              else [])
+
+
+def _with_duplicate_at_the_cut(hidden, weight, ref_weight, statistic, k):
+    """A later row made a copy of the row ranked `k`-th by `statistic`: the two are equal in exact arithmetic, one
+    inside the selection and one outside; the earlier must be taken. Returns (hidden, earlier, later)."""
+    stats = row_statistics((hidden @ weight.t()).double(), (hidden @ ref_weight.t()).double(), "paper")[statistic]
+    order = torch.sort(stats, descending=True, stable=True).indices
+    earlier = int(order[k - 1])
+    later = max(int(i) for i in order[k + 3 :])  # well outside, and after it in position
+    hidden = hidden.clone()
+    hidden[later] = hidden[earlier]
+    return hidden, earlier, later
+
+
+def _cleanly_at_the_cut(hidden, weight, ref_weight, statistic, k, earlier, later):
+    """The test's premise: `earlier` and `later` tie at the `k`-th place, every other row clear of them by far more than
+    the selection's rounding."""
+    stats = row_statistics((hidden @ weight.t()).double(), (hidden @ ref_weight.t()).double(), "paper")[statistic]
+    value = stats[earlier]
+    others = torch.cat([stats[:earlier], stats[earlier + 1 : later], stats[later + 1 :]])
+    assert later > earlier and abs(float(stats[later] - value)) < 1e-12
+    assert int((others > value).sum()) == k - 1 and float((others - value).abs().min()) > 10 * TIE_QUANTUM
+
+
+@pytest.mark.parametrize(("formula", "policy_is_reference"), [("paper", True), ("authors", True), ("paper", False)],
+                         ids=["paper-policy=reference", "authors-policy=reference", "paper-policy!=reference"])
+def test_eksft_selects_the_same_rows_on_every_backend_and_chunk_size(formula, policy_is_reference):
+    """Ties are decided alike everywhere: with the policy as its own reference every KL is exactly 0 on both backends
+    (the first k rows are taken), and a duplicated row at the cut of a selection ranks after its original whatever the
+    chunk size (which changes the rounding of its product with the head) and backend. Before: the PyTorch path left
+    ±1e-6 on the zero KLs and took other rows than the Triton kernel (another loss), varying with the chunk size."""
+    n, k = 40, 8  # ratio 0.2
+    hp = {"ratio": 0.2, "lambda_entropy": 0.5, "lambda_kl": 0.5, "mode": "union", "formula": formula,
+          "target_entropy": 0.5, "target_kl": 2.0}
+    g = torch.Generator().manual_seed(34)
+    hidden = torch.randn(n, 16, generator=g)
+    weight = 0.5 * torch.randn(300, 16, generator=g)
+    ref_weight = weight if policy_is_reference else weight + 0.2 * torch.randn(300, 16, generator=g)
+    hidden, e_earlier, e_later = _with_duplicate_at_the_cut(hidden, weight, ref_weight, "entropy", k)
+    if not policy_is_reference:
+        hidden, kl_earlier, kl_later = _with_duplicate_at_the_cut(hidden, weight, ref_weight, "kl", k)
+        _cleanly_at_the_cut(hidden, weight, ref_weight, "kl", k, kl_earlier, kl_later)
+    _cleanly_at_the_cut(hidden, weight, ref_weight, "entropy", k, e_earlier, e_later)
+    targets = torch.randint(0, 300, (n,), generator=g)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels compiled on a GPU, interpreted here
+    hidden, weight, ref_weight, targets = (t.to(device) for t in (hidden, weight, ref_weight, targets))
+    runs = {}
+    for backend in EKSFT_BACKENDS:
+        # Every chunk size on the PyTorch path; two on the Triton kernels, interpreted at ~0.1 s a chunk on the CPU.
+        for chunk_size in (3, 7, 16, 40) if backend == "torch" else (7, 40):
+            out = fused_linear_loss(hidden, weight, targets, get_loss("eksft"),
+                                    {**hp, "reference": ReferenceHead(hidden, ref_weight)}, chunk_size=chunk_size,
+                                    backend=backend)
+            runs[backend, chunk_size] = (
+                out.loss.item(), *(out.metrics[m].nonzero().flatten().tolist()
+                                   for m in ("eksft_entropy_selected", "eksft_kl_selected", "eksft_dropped")))
+    first = next(iter(runs.values()))
+    for key, run in runs.items():
+        assert run[1:] == first[1:], key
+        assert run[0] == pytest.approx(first[0], rel=1e-6), key
+    loss, by_entropy, by_kl, _ = first
+    assert e_earlier in by_entropy and e_later not in by_entropy
+    if policy_is_reference:
+        assert by_kl == list(range(k))  # every KL is 0: the earlier positions first
+    else:
+        assert kl_earlier in by_kl and kl_later not in by_kl
+
+
+def test_eksft_k_is_the_authors_int_of_n_times_ratio():
+    """`k = int(N · ratio)` with the product in double precision, as the authors' code computes it: 0.7 · 90 =
+    62.99999999999999, so 62 tokens each, where ⌊0.7 · 90⌋ = 63 (docs/losses.md)."""
+    from authors_code import _num_selected
+    from trl_emo.losses.eksft import plan_rows
+
+    z = torch.randn(90, 12, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    hp = {"ratio": 0.7, "lambda_entropy": 0.5, "lambda_kl": 0.5, "mode": "intersection", "formula": "paper"}
+    weights = plan_rows(row_statistics(z, z.flip(0), "paper"), hp, 12)
+    assert 90 * 0.7 < 63 and _num_selected(90, 0.7) == 62
+    assert int(weights["eksft_entropy_selected"].sum()) == 62 and int(weights["eksft_kl_selected"].sum()) == 62

@@ -5,6 +5,7 @@ its logged selection; LoRA and QLoRA; the command line."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def direct_threshold(model, dataset, top_k=10, ratio=0.7, rows=100):
 
 
 def test_sed_calibrates_its_threshold_on_the_starting_model_and_keeps_it_on_resume(
-    tmp_path, make_model, tokenizer, pc_dataset, monkeypatch
+    tmp_path, make_model, tokenizer, pc_dataset, monkeypatch, caplog
 ):
     args = cpu_config(tmp_path, loss_type="sed", max_steps=4, save_strategy="steps", save_steps=2,
                       sed_threshold_samples=12)
@@ -58,6 +59,81 @@ def test_sed_calibrates_its_threshold_on_the_starting_model_and_keeps_it_on_resu
                          train_dataset=pc_dataset, processing_class=tokenizer)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert resumed._objective.hparams["threshold"] == tau
+
+    # A checkpoint without the file (written before it existed, or copied without it): calibrated again on the trained
+    # weights, and said so in one line.
+    (tmp_path / "checkpoint-2" / sed_threshold.STATE_FILE).unlink()
+    monkeypatch.setattr(sed_threshold, "calibrate", lambda *a, **k: 0.5)
+    again = SFTTrainer(model=make_model(), args=cpu_config(tmp_path, loss_type="sed", max_steps=3),
+                       train_dataset=pc_dataset, processing_class=tokenizer)
+    with caplog.at_level(logging.WARNING, logger="trl_emo.training.trainer"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    warned = [r.getMessage() for r in caplog.records if sed_threshold.STATE_FILE in r.getMessage()]
+    assert len(warned) == 1 and "calibrated again, on the resumed (trained) weights" in warned[0]
+    assert "\n" not in warned[0] and again._objective.hparams["threshold"] == 0.5
+
+
+@pytest.fixture(scope="module")
+def sed_trainers(tmp_path_factory, tokenizer):
+    """The same starting model and examples, without and with packing (TRL's rows then hold several examples); module
+    scope, so both calibration tests share them (`make_model` and `pc_dataset` are per test)."""
+    from conftest import prompt_completion_rows
+    from datasets import Dataset
+    from trl_emo.models.tiny import build_tiny_model
+
+    dataset = Dataset.from_list(prompt_completion_rows(12))
+    trainers = {}
+    for packing in (False, True):
+        args = cpu_config(tmp_path_factory.mktemp(f"packing_{packing}"), loss_type="sed", packing=packing, max_steps=1)
+        model = build_tiny_model(tokenizer, seed=0, hidden_size=32, intermediate_size=64)
+        trainers[packing] = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return trainers
+
+
+def calibrated(trainer, count=100):
+    examples = sed_threshold.calibration_sequences(trainer.train_dataset, count)
+    return sed_threshold.calibrate(trainer.model, trainer._base_model(), examples, 10, 0.7, "cpu")
+
+
+def test_sed_calibration_runs_each_packed_example_as_its_own_sequence(sed_trainers):
+    """Packed rows (`seq_lengths`) are split into their examples, each run alone as the loss sees it, and the count is
+    of examples: packing on and off give the same τ on the same examples (before: each packed row ran as one causal
+    sequence, examples attending to the ones before them, and "the first N rows" were N packed rows)."""
+    plain, packed = sed_trainers[False].train_dataset, sed_trainers[True].train_dataset
+    assert "seq_lengths" in packed.column_names and len(packed) < len(plain)
+    whole = {p: sed_threshold.calibration_sequences(t.train_dataset, 100) for p, t in sed_trainers.items()}
+    assert len(whole[True]) == len(plain) and sorted(whole[True]) == sorted(whole[False])
+    first = sed_threshold.calibration_sequences(packed, 5)
+    assert len(first) == 5 and all(ids in whole[False] for ids in first)  # five examples, not five packed rows
+    tau = calibrated(sed_trainers[False])
+    assert calibrated(sed_trainers[True]) == tau
+    # And as the trainer calibrates before its first step (its dataset, its count, the broadcast).
+    packed_trainer = sed_trainers[True]
+    packed_trainer._calibrate_sed_threshold(packed_trainer.model, {"input_ids": torch.zeros(1, 1, dtype=torch.long)})
+    assert packed_trainer._objective.hparams["threshold"] == tau
+
+
+def test_sed_calibration_cuts_packed_rows_into_examples():
+    rows = [
+        {"input_ids": [1, 2, 3, 4, 5, 6], "seq_lengths": [2, 3, 1]},  # TRL's best-fit packing
+        {"input_ids": [7, 8, 9, 10], "position_ids": [0, 1, 0, 1]},  # positions that restart
+        {"input_ids": []},
+        {"input_ids": [11, 12, 13]},  # one sequence (no packing, or "wrapped")
+    ]
+    assert sed_threshold.calibration_sequences(rows, 100) == [[1, 2], [3, 4, 5], [6], [7, 8], [9, 10], [11, 12, 13]]
+    assert sed_threshold.calibration_sequences(rows, 4) == [[1, 2], [3, 4, 5], [6], [7, 8]]
+    with pytest.raises(ValueError, match="seq_lengths sum to 5 but it has 6 tokens"):
+        sed_threshold.calibration_sequences([{"input_ids": [1, 2, 3, 4, 5, 6], "seq_lengths": [2, 3]}], 10)
+
+
+def test_sed_calibration_runs_in_float32_without_autocast(sed_trainers):
+    """Under the mixed-precision autocast (accelerate wraps the forward in it with bf16: true), the calibration's
+    forward and head product stay in float32, as the fused loss's head step does: the same τ."""
+    trainer = sed_trainers[False]
+    plain = calibrated(trainer, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = calibrated(trainer, 6)
+    assert mixed == plain
 
 
 def test_sed_calibration_top_k_beyond_the_vocabulary_is_a_clear_error(tmp_path, make_model, tokenizer, pc_dataset):

@@ -191,6 +191,26 @@ def test_fp16_autocast_applies_one_over_n_after_the_products():
     assert norm_rel(gh, rh) < 3e-3 and norm_rel(gw, rw) < 3e-3
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_fp16_parameters_under_a_gradscaler_scale(backend):
+    """GradScaler's first scale, 2**16, is itself above fp16's largest number (65,504), and the unscaled gradient
+    of a mean over many tokens is below its smallest: the gradient formed in forward must take the scale in float32
+    and be rounded once (seen on an H100: every element inf or 0 before)."""
+    hidden, weight, _, targets, _ = inputs(12, dtype=torch.float16)
+    scale, num_items = 2.0**16, 4096
+    out = fused_linear_loss(hidden, weight, targets, get_loss("gem"), {"beta": 0.7, "h": "linear"}, backend=backend,
+                            num_items_in_batch=num_items)
+    gh, gw = torch.autograd.grad(out.loss * scale, (hidden, weight))
+    h = hidden.detach().double().requires_grad_(True)
+    w = weight.detach().double().requires_grad_(True)
+    ref = fused_linear_loss(h, w, targets, get_loss("gem"), {"beta": 0.7, "h": "linear"}, backend="torch",
+                            num_items_in_batch=num_items)
+    rh, rw = torch.autograd.grad(ref.loss * scale, (h, w))
+    assert gh.dtype == torch.float16 and gw.dtype == torch.float16
+    assert torch.isfinite(gh).all() and torch.isfinite(gw).all()
+    assert norm_rel(gh, rh) < 3e-3 and norm_rel(gw, rw) < 3e-3
+
+
 def test_float32_weight_gradient_accumulator_for_a_bf16_head():
     hidden, weight, _, targets, _ = inputs(7, dtype=torch.bfloat16)
     (_, (_, gw_bf16)) = run("nll", {}, hidden, weight, None, targets, "triton", chunk_size=4)

@@ -168,6 +168,11 @@ def check_parsed(args, command: str) -> None:
         )
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (an unknown recipe key's or a missing dataset column's message spans several)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def run_command(make_parser, main, argv: Sequence[str] | None = None, error_prefix: str = "") -> int:
     """Parse `argv` (default `sys.argv[1:]`) with `make_parser()` and run `main` on the result; the exit status.
 
@@ -185,14 +190,14 @@ def run_command(make_parser, main, argv: Sequence[str] | None = None, error_pref
         else:
             args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except ConfigError as exc:
-        print(f"{error_prefix}: error: {exc}" if error_prefix else f"error: {exc}", file=sys.stderr)
+        print(f"{error_prefix}: error: {one_line(exc)}" if error_prefix else f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0), or an error argparse already printed (2)
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
         return main(args)
     except HubAccessError as exc:  # for every command, `trl-emo demo --model` included
-        print(f"{error_prefix}: error: {exc}" if error_prefix else f"error: {exc}", file=sys.stderr)
+        print(f"{error_prefix}: error: {one_line(exc)}" if error_prefix else f"error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -67,6 +67,7 @@ def print_sft_dry_run(run, out=None):
         print(f"# note: {note}", file=out)
     print(format_sft_configuration(run), file=out)
     print(f"# {run.info.summary()}", file=out)
+    _check_rows_left(run, out)
     prepared = prepare_sft_examples(run.train_dataset, run.tokenizer, run.training_args, run.run_args.dry_run_examples)
     print(f"# {len(prepared)} formatted training example(s); text inside {MASK_OPEN}...{MASK_CLOSE} is masked (no loss)", file=out)
     for i, row in enumerate(prepared):
@@ -74,6 +75,30 @@ def print_sft_dry_run(run, out=None):
         print(f"\n--- example {i} ({len(row['input_ids'])} tokens, {n_trained} trained) ---", file=out)
         print(render_masked(run.tokenizer, row["input_ids"], row["labels"]), file=out)
     return prepared
+
+
+# The dry run prepares at most this many rows to count those `max_length` leaves nothing to train in.
+ROWS_COUNTED = 10_000
+
+
+def _check_rows_left(run, out) -> None:
+    """What the trainer will drop (TRL drops a row whose completion `max_length` cuts away), counted on the first
+    `ROWS_COUNTED` rows: every one, the one-line error training would give; some, a line saying how many."""
+    from ..core.errors import ConfigError
+    from ..training.trl_compat import prepare_sft_examples, prompt_token_counts
+    from .training_command import no_rows_left, rows_dropped
+
+    args = run.training_args
+    if args.max_length is None or args.packing or not hasattr(run.train_dataset, "__len__"):
+        return
+    counted = min(len(run.train_dataset), ROWS_COUNTED)
+    kept = len(prepare_sft_examples(run.train_dataset, run.tokenizer, args, counted))
+    of = "" if counted == len(run.train_dataset) else f" (of the first {counted})"
+    if kept == 0 and counted == len(run.train_dataset):
+        raise ConfigError(no_rows_left(args.max_length, counted,
+                                       prompt_token_counts(run.train_dataset, run.tokenizer, args)))
+    if kept < counted:
+        print(f"# {rows_dropped(args.max_length, counted - kept, counted)}{of}", file=out)
 
 
 def _render(tokenizer, messages_or_text, prompt=None) -> str:

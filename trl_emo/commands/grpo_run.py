@@ -3,7 +3,7 @@
 `dpo_starting_model`, `model_init_kwargs`).
 
 A GRPO run starts from an output of `trl_emo.sft`: a full model folder, or a LoRA/QLoRA adapter folder that is merged
-into its base first, once, under `<output_dir>/sft-merged` (exactly as `trl_emo.dpo` does), then trained further,
+into its base first, once, under `<output_dir>/_sft-merged` (exactly as `trl_emo.dpo` does), then trained further,
 fully or through a new adapter (`use_peft`). The policy keeps the SFT model's own chat template (the tokenizer saved
 in the SFT folder). The rewards are named in the recipe (`reward_funcs`, weighted by TRL's `reward_weights`):
 the verifiable rewards of `trl_emo.evaluation.rewards`, or functions of yours by import path.
@@ -17,7 +17,8 @@ from typing import Any
 from ..core.errors import ConfigError
 from .command_line import CommandLine
 from .run_config import (
-    RunArguments, check_sft_output, evaluation_split, model_init_kwargs, starting_policy, trainer_model_kwargs,
+    RunArguments, check_sft_output, evaluation_split, model_init_kwargs, sft_tokenizer, starting_policy,
+    trainer_model_kwargs,
 )
 
 # The answer reward a GRPO prompt set gets when the recipe names none.
@@ -72,7 +73,7 @@ class GRPORun:
     Attributes:
         script_args, training_args, model_args, data_args, grpo_args, run_args: the parsed arguments, as used.
         policy: the model GRPO starts from: the SFT model, or its adapter merged into the base
-            (`<output_dir>/sft-merged`; not merged by a dry run).
+            (`<output_dir>/_sft-merged`; not merged by a dry run).
         tokenizer: the SFT model's tokenizer and chat template (`processing_class`), padded on the left.
         train_dataset, eval_dataset: `{"prompt", "answer"}` rows (`eval_dataset` is None when evaluation is off).
         info: what the dataset loader found (`trl_emo.data.DatasetInfo`).
@@ -120,14 +121,29 @@ def _rewards(grpo_args: GRPOArguments, training_args, schema: str | None, notes:
     return functions
 
 
+def check_generation(training_args) -> None:
+    """What GRPO's sampling needs, checked before anything loads (transformers and TRL check it at the first step or
+    in the trainer, with a traceback): at least one new token, a positive temperature, vLLM installed if asked for."""
+    import importlib.util
+
+    if training_args.max_completion_length is not None and training_args.max_completion_length < 1:
+        raise ConfigError(f"max_completion_length must be at least 1, got {training_args.max_completion_length}.")
+    if training_args.temperature is not None and training_args.temperature <= 0:
+        raise ConfigError(f"temperature must be above 0 (GRPO samples its completions), got {training_args.temperature}.")
+    if training_args.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("use_vllm: true needs vLLM, which is not installed (pip install 'trl[vllm]'); leave use_vllm "
+                          "false to generate with transformers.")
+
+
 def resolve_grpo_run(args: CommandLine) -> GRPORun:
     """Resolve a parsed `trl_emo.grpo` command line into the run's final configuration.
 
-    In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located; every Hub id
-    of the run checked (`trl_emo.core.hub`); an adapter merged (except in a dry run); its tokenizer loaded (left
-    padding, a pad token as TRL adds one); the prompt set loaded and formatted; the rewards resolved (names or import
-    paths) and their weights checked; the eval split checked; `model_init_kwargs` filled from `ModelConfig`. Raises
-    `ConfigError`/`DataError`/`SourceError`, or `HubAccessError` for a Hub id the run cannot load, in one line.
+    In order: required fields checked; the starting model located; `output_dir` and `resume_from_checkpoint` checked;
+    every Hub id of the run checked (`trl_emo.core.hub`); the SFT folder's tokenizer loaded (left padding, a pad token
+    as TRL adds one); the prompt set loaded and formatted; the rewards resolved (names or import paths) and their
+    weights checked; the eval split checked; then, everything else known good, an adapter merged (except in a dry
+    run); `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError`/`SourceError`, or
+    `HubAccessError` for a Hub id the run cannot load, in one line.
     """
     from ..core.hub import check_sources, hub_errors
     from ..data.verifiable import load_grpo_datasets
@@ -136,6 +152,7 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
     script_args, training_args, model_args, data_args, grpo_args, run_args = args.values
     notes = list(args.notes)
     check_sft_output(model_args, training_args, script_args, "e.g. openai/gsm8k with dataset_config main")
+    check_generation(training_args)
     if training_args.remove_unused_columns:
         # The reference answer reaches the rewards as a dataset column the model does not take: TRL's GRPO needs
         # the columns kept (its default), and with them dropped every reward would see no reference.
@@ -148,12 +165,14 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
     hub_sources = grpo_sources(script_args, model_args)
     check_sources(hub_sources)
     with hub_errors(hub_sources):
-        policy, tokenizer = starting_policy(model_args, training_args, run_args.dry_run)
+        tokenizer = sft_tokenizer(model_args, training_args)
         tokenizer.padding_side = "left"  # as TRL's own loading: prompts are left-padded for generation
         train_dataset, eval_dataset, info = load_grpo_datasets(script_args, data_args, tokenizer)
-    if reward_funcs is None:
-        reward_funcs = _rewards(grpo_args, training_args, info.schema, notes)
-    eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        if reward_funcs is None:
+            reward_funcs = _rewards(grpo_args, training_args, info.schema, notes)
+        eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        # Last: a merge takes minutes and the whole model's memory, so every check above comes first.
+        policy = starting_policy(model_args, training_args, run_args.dry_run)
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return GRPORun(
         script_args, training_args, model_args, data_args, grpo_args, run_args, policy, tokenizer, train_dataset,

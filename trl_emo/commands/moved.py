@@ -5,7 +5,10 @@ live in the subpackage of their layer (`docs/architecture.md`). A user's `import
 `from trl_emo.run_config import end_run` or `python -m trl_emo.demo` keeps working: the finder below answers the old
 name with the module that now holds it, the same module object (so a monkeypatch through either name patches both),
 and a `DeprecationWarning` names the new place. `trl_emo.hub_check` and `trl_emo.cli_utils` were split; each old name
-is a module that looks its attributes up in the new ones.
+is a module that looks its attributes up in the new ones. The code sandbox's modules, once at `trl_emo.evaluation`'s
+top (`trl_emo.evaluation.sandbox_uids`, `trl_emo.evaluation.code_execution`, ...), are private modules of the
+subpackage `trl_emo.evaluation.sandbox` (issue 35); their old names answer the same way, and the warning names the
+package to import from.
 
 It lives in the top layer because it names modules of every layer; it imports one only when a user asks for an old
 name (`importlib`, so the import contracts do not see these edges: the table below is the whole of them).
@@ -42,6 +45,18 @@ MOVED = {
     "trl_emo.sources": "trl_emo.models.sources",
     "trl_emo.tiny": "trl_emo.models.tiny",
     "trl_emo.trainer": "trl_emo.training.trainer",
+    # The code sandbox, once ten modules at `evaluation/`'s top, is the subpackage `trl_emo.evaluation.sandbox`
+    # (issue 35): its old module `trl_emo.evaluation.sandbox` is now that package, whose face exports the same public
+    # names; the other nine answer with the private module that now holds them (every name they had still resolves).
+    "trl_emo.evaluation.code_execution": "trl_emo.evaluation.sandbox._code_execution",
+    "trl_emo.evaluation.code_runner": "trl_emo.evaluation.sandbox._code_runner",
+    "trl_emo.evaluation.sandbox_bootstrap": "trl_emo.evaluation.sandbox._bootstrap",
+    "trl_emo.evaluation.sandbox_bubblewrap": "trl_emo.evaluation.sandbox._bubblewrap",
+    "trl_emo.evaluation.sandbox_errors": "trl_emo.evaluation.sandbox._errors",
+    "trl_emo.evaluation.sandbox_files": "trl_emo.evaluation.sandbox._files",
+    "trl_emo.evaluation.sandbox_interpreter": "trl_emo.evaluation.sandbox._interpreter",
+    "trl_emo.evaluation.sandbox_processes": "trl_emo.evaluation.sandbox._processes",
+    "trl_emo.evaluation.sandbox_uids": "trl_emo.evaluation.sandbox._uids",
 }
 # old name -> the modules its attributes now live in, searched in order
 SPLIT = {
@@ -64,8 +79,18 @@ def _warn(old: str, new: str) -> None:
         or frame.f_code.co_filename.startswith("<frozen")
     ):
         frame, level = frame.f_back, level + 1
-    warnings.warn(f"{old} moved to {new}; the old name will be removed in a future release.", DeprecationWarning,
+    face = _public_face(new)
+    where = f"{new} (private: import from {face})" if face else new
+    warnings.warn(f"{old} moved to {where}; the old name will be removed in a future release.", DeprecationWarning,
                   stacklevel=level)
+
+
+def _public_face(name: str) -> str | None:
+    """The package a private module stands behind (`a.b._c` -> `a.b`, what users import instead); None when no part
+    of `name` is private."""
+    parts = name.split(".")
+    private = next((i for i, part in enumerate(parts) if part.startswith("_") and not part.startswith("__")), None)
+    return None if private is None else ".".join(parts[:private])
 
 
 class _SplitModule(types.ModuleType):

@@ -7,7 +7,10 @@ from `command_line` because importing TRL is slow and the light helpers there ar
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 from trl import TrlParser
@@ -55,6 +58,11 @@ class CommandParser(TrlParser):
             if old in RENAMED_FIELDS
         }
         self.set_defaults_with_config(**{key: value for key, value in defaults.items() if value is not None})
+
+    def error(self, message: str):
+        # argparse prints the whole usage before its message (235 lines for GRPO's options): one line instead, the
+        # command's own prefix and exit status 2 added by `run_command`.
+        raise ConfigError(f"{message} (--help lists the options)")
 
     def parse_args_and_config(self, args=None, return_remaining_strings=False, **kwargs):
         if return_remaining_strings:  # TRL's own command-line launcher asks for this
@@ -131,18 +139,37 @@ class CommandParser(TrlParser):
             self.set_defaults_with_config(**config)
             values = self.parse_args_into_dataclasses(args=argv)
         except ValueError as exc:
+            unused = _UNUSED.match(str(exc))
+            if unused:  # HfArgumentParser's words for flags no field takes
+                raise ConfigError(unknown_flags_message(ast.literal_eval(unused.group(1)), known)) from None
             # A dataclass rejected a value in `__post_init__` (bad loss_type, out-of-range hyper-parameter).
             raise ConfigError(str(exc)) from exc
         except SystemExit as exc:
             if exc.code in (0, None):
                 raise  # --help: argparse printed it; exit 0 as every command-line tool does
-            # argparse already printed its message (unknown flag, bad value); turn it into an error
-            # the caller can catch, and keep the exit status.
+            # Another exit argparse took after printing its message: an error the caller can catch.
             raise ConfigError(f"Invalid command line: {' '.join(argv)}") from exc
         finally:
             for action, default, required in saved:
                 action.default, action.required = default, required
         return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
+
+_UNUSED = re.compile(r"Some specified arguments are not used by the HfArgumentParser: (\[.*\])", re.DOTALL)
+
+
+def unknown_flags_message(remaining: Sequence[str], known: Iterable[str]) -> str:
+    """One line for flags no field takes, each with the closest field names."""
+    known = sorted(known)
+    parts = []
+    for arg in remaining:
+        if not str(arg).startswith("--"):
+            continue
+        name = str(arg)[2:].split("=", 1)[0].replace("-", "_")
+        close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+        parts.append(f"--{name}" + (f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""))
+    listed = "; ".join(parts) or " ".join(map(str, remaining))
+    return f"unknown option(s): {listed}; --help lists the options"
+
 
 def command_parser(dataclass_types, subparsers=None, name: str | None = None, help: str | None = None, **kwargs):  # noqa: A002
     """A `CommandParser` for `dataclass_types`; with `subparsers`, registered there as the command `name` (the

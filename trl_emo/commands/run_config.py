@@ -22,8 +22,10 @@ from .command_line import CommandLine
 
 logger = logging.getLogger(__name__)
 
-# Where DPO keeps an SFT adapter merged into its base model (inside the DPO `output_dir`).
-MERGED_DIR = "sft-merged"
+# Where DPO and GRPO keep an SFT adapter merged into its base model (inside their `output_dir`). The leading `_` keeps
+# it out of `push_to_hub` (transformers' upload skips `_*` and `checkpoint-*`); `LEGACY_MERGED_DIR` is its old name.
+MERGED_DIR = "_sft-merged"
+LEGACY_MERGED_DIR = "sft-merged"
 
 
 @dataclass
@@ -65,23 +67,52 @@ def dpo_dataclass_types() -> tuple:
     return (ScriptArguments, DPOConfig, ModelConfig, DataArguments, RunArguments)
 
 
-def resolve_resume(value):
-    """`true`/`latest` -> True (the last checkpoint in output_dir); a path must exist; `false`/empty -> None."""
-    if value is None or isinstance(value, bool):
-        return value or None
-    text = str(value).strip()
-    if text.lower() in ("", "false", "no", "none", "null"):
-        return None
-    if text.lower() in ("true", "yes", "latest", "last"):
-        return True
-    if not os.path.isdir(text):
-        raise ConfigError(f"resume_from_checkpoint: checkpoint folder not found: {text}")
-    return text
+def resolve_resume(training_args, side_files=()) -> None:
+    """`resume_from_checkpoint` resolved before anything loads, to the checkpoint folder the run resumes from or None
+    (`trl_emo.training.checkpoints.resolve_checkpoint`: `true`, `auto`, `false` or a folder; torn checkpoints
+    skipped and named; `true` with no complete checkpoint a one-line `ConfigError`). `side_files`: what the loss keeps
+    in a checkpoint besides transformers' files. `output_dir` is checked too (`check_output_dir`)."""
+    from ..training.checkpoints import resolve_checkpoint
+    from .training_command import check_output_dir
+
+    check_output_dir(training_args.output_dir)
+    training_args.resume_from_checkpoint = resolve_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.save_only_model, side_files,
+        announce=training_args.should_log,
+    )
 
 
 def _require(value, message: str) -> None:
     if value is None:
         raise ConfigError(message)
+
+
+# Counts that must be at least 1 (transformers and PEFT check none of them before the first step, and fail then with a
+# traceback: a sampler's ValueError, a ZeroDivisionError), by the arguments' section.
+POSITIVE_FIELDS = {
+    "training": ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"),
+    "model": ("lora_r",),
+}
+
+
+def check_chat_template_path(value: str | None) -> None:
+    """A local `chat_template_path` that does not exist is a one-line error (else it is read as a Hub id, and the
+    tokenizer loader fails with a message about repo ids)."""
+    from ..core.hub import locate
+
+    if value and locate(value)[0] == "missing":
+        raise ConfigError(f"chat_template_path: {value} not found (a .jinja file, a tokenizer folder, or a Hub id).")
+
+
+def check_counts(training_args, model_args) -> None:
+    """The `POSITIVE_FIELDS` of a run are at least 1 (`lora_r` only with `use_peft`): a one-line `ConfigError`."""
+    checked = [(training_args, name) for name in POSITIVE_FIELDS["training"]]
+    if getattr(model_args, "use_peft", False):
+        checked += [(model_args, name) for name in POSITIVE_FIELDS["model"]]
+    for args, name in checked:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}.")
 
 
 # -- models ------------------------------------------------------------------------------------------------------------
@@ -191,7 +222,7 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     """
     from ..data import load_sft_datasets
     from ..core.hub import check_sources, hub_errors
-    from .preflight import sft_sources
+    from .preflight import check_loss_paths, local_model, sft_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
     notes = list(args.notes)
@@ -200,7 +231,11 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
         script_args.dataset_name,
         "dataset_name is required (a Hub id or a local file/folder; in the recipe or as --dataset_name).",
     )
-    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
+    model_args.model_name_or_path = local_model("model_name_or_path", model_args.model_name_or_path)
+    check_loss_paths(training_args)
+    check_counts(training_args, model_args)
+    check_chat_template_path(training_args.chat_template_path)
+    resolve_resume(training_args, training_args.checkpoint_side_files(head_trains=_head_trains(model_args)))
     training_args.chat_template_path = training_args.chat_template_path or None  # `--chat_template_path ""` unsets it
 
     # Every Hub id the run will load, checked before the first of them is (a dry run included).
@@ -287,8 +322,9 @@ class DPORun:
 
 
 def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_remote_code: bool) -> str:
-    """The folder (or Hub id) DPO starts from: the SFT model itself, or its LoRA/QLoRA adapter merged into the base
-    once (`trl_emo.models.sources.merge_adapter_to`), so that the DPO reference is the SFT model, not the base."""
+    """The folder (or Hub id) DPO and GRPO start from: the SFT model itself, or its LoRA/QLoRA adapter merged into the
+    base once under `<output_dir>/_sft-merged` (`trl_emo.models.sources.merge_adapter_to`), so that the DPO reference
+    is the SFT model, not the base."""
     from ..models import sources
 
     if not sources.is_adapter(model_name_or_path):
@@ -300,23 +336,35 @@ def dpo_starting_model(model_name_or_path: str, output_dir: str, dtype, trust_re
     # One process merges; the others wait, then read the same folder.
     with state.main_process_first():
         if state.is_main_process:
+            legacy = os.path.join(output_dir, LEGACY_MERGED_DIR)
+            if os.path.isdir(legacy) and not os.path.exists(target):
+                os.replace(legacy, target)  # an output folder of an earlier version: its merge is reused, renamed
+                logger.warning("renamed %s to %s (kept out of push_to_hub)", legacy, target)
             sources.merge_adapter_to(model_name_or_path, target, dtype, trust_remote_code)
     return target
 
 
+def _head_trains(model_args) -> bool:
+    """Whether the output embedding trains: full fine-tuning, or LoRA with the head among `lora_modules_to_save`."""
+    if not model_args.use_peft:
+        return True
+    return any("lm_head" in str(name) for name in (model_args.lora_modules_to_save or []))
+
+
 def check_sft_output(model_args, training_args, script_args, dataset_example: str) -> None:
     """What a run after SFT (DPO, GRPO) needs before anything loads: a starting model that exists (a folder written by
-    `trl_emo.sft`, or a Hub id) and a dataset; `resume_from_checkpoint` resolved."""
-    from ..models import sources
+    `trl_emo.sft`, made absolute, or a Hub id) and a dataset; `output_dir` usable; `resume_from_checkpoint`
+    resolved."""
+    from .preflight import local_model
 
     _require(
         model_args.model_name_or_path,
         "model_name_or_path is required: the folder written by trl_emo.sft (model or adapter).",
     )
     _require(script_args.dataset_name, f"dataset_name is required ({dataset_example}).")
-    training_args.resume_from_checkpoint = resolve_resume(training_args.resume_from_checkpoint)
-    if sources.locate(model_args.model_name_or_path)[0] == "missing":
-        raise ConfigError(f"model_name_or_path not found: {model_args.model_name_or_path}")
+    model_args.model_name_or_path = local_model("model_name_or_path", model_args.model_name_or_path)
+    check_counts(training_args, model_args)
+    resolve_resume(training_args)
 
 
 def evaluation_split(training_args, script_args, eval_dataset):
@@ -329,31 +377,54 @@ def evaluation_split(training_args, script_args, eval_dataset):
     return eval_dataset
 
 
-def starting_policy(model_args, training_args, dry_run: bool):
-    """`(policy, tokenizer)` of a run after SFT: the SFT model itself, or its adapter merged into the base once under
-    `<output_dir>/sft-merged` (`dpo_starting_model`; an absolute path, which a new adapter saved over it names as its
-    base, so that evaluation finds it from any directory; nothing merged in a dry run); and the SFT folder's tokenizer
-    (model or adapter, it holds the chat template), a pad token added as TRL adds one."""
+def sft_tokenizer(model_args, training_args):
+    """The SFT folder's tokenizer (model or adapter: it holds the chat template), a pad token added as TRL adds one."""
     from ..models import sources
 
-    policy = model_args.model_name_or_path
-    if not dry_run:
-        policy = dpo_starting_model(
-            policy, os.path.abspath(training_args.output_dir), model_args.dtype, training_args.trust_remote_code
-        )
-    tokenizer = sources.load_tokenizer(policy, training_args.trust_remote_code)
+    tokenizer = sources.load_tokenizer(model_args.model_name_or_path, training_args.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return policy, tokenizer
+    return tokenizer
+
+
+def starting_policy(model_args, training_args, dry_run: bool) -> str:
+    """The model a run after SFT starts from: the SFT model itself, or its adapter merged into the base once under
+    `<output_dir>/_sft-merged` (`dpo_starting_model`; an absolute path, which a new adapter saved over it names as its
+    base, so that evaluation finds it from any directory; nothing merged in a dry run). Called once everything else
+    of the run is checked: a merge takes minutes and the memory of the whole model."""
+    policy = model_args.model_name_or_path
+    if dry_run:
+        return policy
+    return dpo_starting_model(policy, os.path.abspath(training_args.output_dir), model_args.dtype,
+                              training_args.trust_remote_code)
+
+
+def check_dpo_loss_type(training_args) -> None:
+    """DPO's `loss_type` values are known to TRL (it checks them only at the first step, with a traceback). The valid
+    names are read from `DPOConfig.loss_type`'s help, which lists them; where it lists none, nothing is checked."""
+    import dataclasses
+    import difflib
+    import re
+
+    from trl import DPOConfig
+
+    help_text = {f.name: f for f in dataclasses.fields(DPOConfig)}["loss_type"].metadata.get("help", "")
+    known = re.findall(r"`'(\w+)'`", help_text)
+    given = training_args.loss_type if isinstance(training_args.loss_type, (list, tuple)) else [training_args.loss_type]
+    for name in given:
+        if known and name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"loss_type: unknown DPO loss {name!r}{hint}; TRL's DPO losses: {', '.join(known)}.")
 
 
 def resolve_dpo_run(args: CommandLine) -> DPORun:
     """Resolve a parsed `trl_emo.dpo` command line into the run's final configuration.
 
-    In order: required fields checked; `resume_from_checkpoint` resolved; the starting model located; every Hub id
-    of the run checked (`trl_emo.core.hub`); an adapter merged (except in a dry run); its tokenizer loaded (a pad
-    token added as TRL would); the preference data loaded and formatted; the eval split checked; `model_init_kwargs`
-    filled from `ModelConfig`.
+    In order: required fields checked; the starting model located; `output_dir` and `resume_from_checkpoint` checked;
+    every Hub id of the run checked (`trl_emo.core.hub`); the SFT folder's tokenizer loaded (a pad token added as TRL
+    would); the preference data loaded and formatted; the eval split checked; then, everything else known good, an
+    adapter merged (except in a dry run); `model_init_kwargs` filled from `ModelConfig`.
     """
     from ..core.hub import check_sources, hub_errors
     from ..data import load_dpo_datasets
@@ -361,13 +432,15 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
 
     script_args, training_args, model_args, data_args, run_args = args.values
     check_sft_output(model_args, training_args, script_args, "e.g. HuggingFaceH4/ultrafeedback_binarized")
+    check_dpo_loss_type(training_args)
     # Every Hub id the run will load (the model or its adapter's base, the dataset), checked before merging.
     hub_sources = dpo_sources(script_args, model_args)
     check_sources(hub_sources)
     with hub_errors(hub_sources):
-        policy, tokenizer = starting_policy(model_args, training_args, run_args.dry_run)
+        tokenizer = sft_tokenizer(model_args, training_args)
         train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
-    eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        policy = starting_policy(model_args, training_args, run_args.dry_run)
     training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return DPORun(
         script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,

@@ -13,13 +13,8 @@ command line; `run(argv)` does both and returns the exit status. The final confi
 
 from __future__ import annotations
 
-import logging
-import sys
-
-from .command_line import CommandLine, check_parsed, run_command
-from ..core.errors import ConfigError
-
-logger = logging.getLogger("trl_emo.sft")
+from .command_line import CommandLine, run_command
+from .training_command import TrainingCommand, build_trainer, run_training
 
 NAME = "trl_emo.sft"
 HELP = """Supervised fine-tuning with any loss (loss_type: nll, dft, gem, emo, tailr, mixce, ce_entropy; see
@@ -39,53 +34,35 @@ def make_parser(subparsers=None, prog: str | None = None):
     )
 
 
-def main(args: CommandLine) -> int:
-    """Train (or, with `--dry_run`, print the final configuration and examples) from a parsed command line."""
-    from ..data import DataError
-    from .dry_run import print_sft_dry_run
-    from ..core.errors import HubAccessError
-    from ..core.hub import hub_errors
-    from ..core.noise import quiet_optional_packages, release_for
-    from ..training.finish import end_run, save_outputs
-    from .run_config import resolve_sft_run
-
-    check_parsed(args, NAME)
-    quiet_optional_packages()
-    try:
-        sft_run = resolve_sft_run(args)
-        if sft_run.run_args.dry_run:
-            print_sft_dry_run(sft_run)
-            return 0
-    except (ConfigError, DataError, FileNotFoundError, HubAccessError) as exc:
-        print(f"{NAME}: error: {exc}", file=sys.stderr)
-        return 2
-    for note in sft_run.notes:
-        logger.warning(note)
-    release_for(sft_run.model_args, sft_run.training_args)
-
+def _build_trainer(sft_run):
     from ..training.trainer import SFTTrainer
 
-    try:
-        # The checked ids can still fail here (offline, the weights of a model whose config alone is cached).
-        with hub_errors(sft_run.hub_sources):
-            trainer = SFTTrainer(
-                model=sft_run.model_args.model_name_or_path,
-                args=sft_run.training_args,
-                train_dataset=sft_run.train_dataset,
-                eval_dataset=sft_run.eval_dataset,
-                processing_class=sft_run.tokenizer,
-                **sft_run.trainer_kwargs,
-            )
-        trainer.train(resume_from_checkpoint=sft_run.training_args.resume_from_checkpoint)
-    except HubAccessError as exc:  # EMO's cost embedding is loaded at the first step
-        print(f"{NAME}: error: {exc}", file=sys.stderr)
-        return 2
+    return build_trainer(SFTTrainer, sft_run, sft_run.model_args.model_name_or_path)
+
+
+def _save(trainer, sft_run) -> None:
+    from ..training.finish import save_outputs
+
     save_outputs(trainer, sft_run.training_args.output_dir)
-    trainer.accelerator.print(f"{NAME}: model saved to {sft_run.training_args.output_dir} (loss_type={sft_run.training_args.loss_type}).")
-    if sft_run.training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=sft_run.script_args.dataset_name)
-    end_run(trainer)
-    return 0
+
+
+def command() -> TrainingCommand:
+    from .dry_run import print_sft_dry_run
+    from .run_config import resolve_sft_run
+
+    return TrainingCommand(NAME, resolve_sft_run, print_sft_dry_run, _build_trainer, _save,
+                           describe=lambda run: f"loss_type={run.training_args.loss_type}", prompt_lengths=_prompt_lengths)
+
+
+def _prompt_lengths(sft_run) -> list[int]:
+    from ..training.trl_compat import prompt_token_counts
+
+    return prompt_token_counts(sft_run.train_dataset, sft_run.tokenizer, sft_run.training_args)
+
+
+def main(args: CommandLine) -> int:
+    """Train (or, with `--dry_run`, print the final configuration and examples) from a parsed command line."""
+    return run_training(command(), args)
 
 
 def run(argv=None) -> int:

@@ -11,7 +11,10 @@ GRPO outputs: prompt-only rows with the reference answer, {"prompt", "answer"} (
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
+from decimal import Decimal
 
 from .prompts import (
     PROMPT_FORMATS,  # noqa: F401 - re-exported: the prompt formats the adapters take
@@ -209,6 +212,25 @@ def format_preference_example(row: dict, prompt_format: str, system_prompt: str 
 REFERENCE_COLUMN = "answer"
 
 
+def reference_text(value) -> str:
+    """A reference answer as the text the rewards read: a string as it is, None as "" (no reference: the row is not
+    scored), a number written out in plain decimals. A JSON `0.00001` arrives as the float 1e-05, whose `str` is
+    "1e-05"; read back as a number, that would be 1."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    text = format(Decimal(repr(value)), "f")  # repr: the shortest decimal that reads back as this float
+    return text[:-2] if text.endswith(".0") else text
+
+
 def format_verifiable_example(row: dict, schema: str, prompt_format: str, system_prompt: str | None = None) -> dict:
     """Convert one row of a GRPO prompt set (kind `verifiable`) to TRL's GRPO format: `{"prompt", "answer"}`.
 
@@ -216,16 +238,19 @@ def format_verifiable_example(row: dict, schema: str, prompt_format: str, system
     renders with the policy's chat template and its generation prompt; with "alpaca", the Alpaca prompt as a string.
     A conversational `prompt` column (schema `prompt_answer`) keeps its turns; a string `prompt` of your own becomes
     the user turn with "chat_template" and passes through as you wrote it with "alpaca". The answer is the reference as the dataset gives
-    it (GSM8K's worked solution ending in `#### 72`, MATH's solution with its `\\boxed{}`): the rewards read the
-    final answer out of it, so the dry run and the logs show what the data holds.
+    it (GSM8K's worked solution ending in `#### 72`, MATH's solution with its `\\boxed{}`; a number written out by
+    `reference_text`): the rewards read the final answer out of it, so the dry run and the logs show what the data
+    holds. A row without a reference (None or blank) keeps its prompt with the answer "": its completions are not
+    scored (every built-in reward gives None), and `load_grpo_datasets` counts such rows in a warning.
     """
     declared = get_schema(schema)
     if declared.kind != VERIFIABLE:
         raise DataError(f"Schema {schema!r} has no reference answers (its rows are {declared.kind!r}); GRPO needs one.")
     _check_prompt_format(prompt_format)
     prompt, answer = read_field(row, declared, "prompt"), read_field(row, declared, "answer")
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise DataError(f"A row of dataset schema {schema!r} has no reference answer: {str(row)[:200]}")
+    answer = reference_text(answer)
+    if not answer.strip():
+        answer = ""
     if isinstance(prompt, list):
         turns = clean_messages(prompt)
         if prompt_format == "alpaca":  # the Alpaca preamble plays the system prompt's part, as in SFT
@@ -233,14 +258,14 @@ def format_verifiable_example(row: dict, schema: str, prompt_format: str, system
                 instruction, input_ = instruction_and_input(turns)
             except ValueError as exc:
                 raise DataError(f"Cannot render a {schema!r} prompt with the Alpaca prompt: {exc}") from None
-            return {"prompt": alpaca_prompt(instruction, input_), REFERENCE_COLUMN: str(answer)}
-        return {"prompt": with_system(turns, system_prompt), REFERENCE_COLUMN: str(answer)}
+            return {"prompt": alpaca_prompt(instruction, input_), REFERENCE_COLUMN: answer}
+        return {"prompt": with_system(turns, system_prompt), REFERENCE_COLUMN: answer}
     prompt = "" if prompt is None else str(prompt)
     if not prompt.strip():
         raise DataError(f"A row of dataset schema {schema!r} has an empty prompt: {str(row)[:200]}")
     if prompt_format == "chat_template":
         turns = with_system([{"role": "user", "content": prompt}], system_prompt)
-        return {"prompt": turns, REFERENCE_COLUMN: str(answer)}
+        return {"prompt": turns, REFERENCE_COLUMN: answer}
     if declared.name == "prompt_answer":
-        return {"prompt": prompt, REFERENCE_COLUMN: str(answer)}  # a string prompt of your own, as you wrote it
-    return {"prompt": alpaca_prompt(prompt, ""), REFERENCE_COLUMN: str(answer)}
+        return {"prompt": prompt, REFERENCE_COLUMN: answer}  # a string prompt of your own, as you wrote it
+    return {"prompt": alpaca_prompt(prompt, ""), REFERENCE_COLUMN: answer}

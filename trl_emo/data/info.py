@@ -33,6 +33,19 @@ class DatasetInfo:
     num_train: int
     num_eval: int | None
 
+    @classmethod
+    def of_splits(cls, source, train, train_split: str, evaluation, eval_split: str | None, *, schema: str,
+                  output_format: str, prompt_format: str | None, assistant_only_loss: bool) -> DatasetInfo:
+        """What a loader found, the source and the splits filled in from `load_splits`' results: `source` (a
+        `DataSource`), the train split and its name, the eval split (or None) and its name; the row counts are the
+        splits' as converted."""
+        return cls(
+            schema=schema, output_format=output_format, prompt_format=prompt_format,
+            assistant_only_loss=assistant_only_loss, source=source.location, is_local=source.is_local,
+            train_split=train_split, eval_split=eval_split, num_train=len(train),
+            num_eval=None if evaluation is None else len(evaluation),
+        )
+
     def summary(self) -> str:
         eval_part = f", eval {self.eval_split!r} ({self.num_eval} rows)" if self.eval_split else ", no eval split"
         prompt = f", prompt format {self.prompt_format}" if self.prompt_format else ""

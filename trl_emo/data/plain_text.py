@@ -185,11 +185,8 @@ def prepare_plain_text(source, train, train_split, evaluation, eval_split, scrip
         if column not in evaluation.column_names:
             raise DataError(f"Split {eval_split!r} has no column {column!r}; it has {', '.join(evaluation.column_names)}.")
         evaluation = to_documents(evaluation, column, rule)
-    info = DatasetInfo(
-        schema="plain_text", output_format="text", prompt_format=None, assistant_only_loss=False,
-        source=source.location, is_local=source.is_local, train_split=train_split, eval_split=eval_split,
-        num_train=len(train), num_eval=None if evaluation is None else len(evaluation),
-    )
+    info = DatasetInfo.of_splits(source, train, train_split, evaluation, eval_split, schema="plain_text",
+                                 output_format="text", prompt_format=None, assistant_only_loss=False)
     logger.info("%s; column %r, documents by %s%s", info.summary(), column, rule,
                 f" (corpus {known.name})" if known else "")
     return train, evaluation, info

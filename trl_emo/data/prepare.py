@@ -125,18 +125,8 @@ def load_sft_datasets(script_args, data_args, tokenizer):
     if evaluation is not None:
         evaluation = convert_sft_dataset(evaluation, schema, prompt_format, data_args.system_prompt)
     fmt = output_format(train[0])
-    info = DatasetInfo(
-        schema=schema,
-        output_format=fmt,
-        prompt_format=prompt_format,
-        assistant_only_loss=fmt == "messages",
-        source=source.location,
-        is_local=source.is_local,
-        train_split=train_split,
-        eval_split=eval_split,
-        num_train=len(train),
-        num_eval=None if evaluation is None else len(evaluation),
-    )
+    info = DatasetInfo.of_splits(source, train, train_split, evaluation, eval_split, schema=schema, output_format=fmt,
+                                 prompt_format=prompt_format, assistant_only_loss=fmt == "messages")
     logger.info(info.summary())
     return train, evaluation, info
 

@@ -21,14 +21,42 @@ logger = logging.getLogger(__name__)
 __all__ = ["REFERENCE_COLUMN", "convert_verifiable_dataset", "load_grpo_datasets"]
 
 
+# The reference's column while the rows are mapped: `datasets` casts a new column that takes a removed column's name
+# back to that column's type, so a numeric `answer` written out as "0.00001" would become the float 1e-05 again.
+_REFERENCE_TEXT = "__trl_emo_reference"
+
+
+def _verifiable_row(row: dict, **kwargs) -> dict:
+    example = format_verifiable_example(row, **kwargs)
+    return {"prompt": example["prompt"], _REFERENCE_TEXT: example[REFERENCE_COLUMN]}
+
+
 def convert_verifiable_dataset(dataset, schema: str, prompt_format: str, system_prompt: str | None = None):
-    """Map every row with `format_verifiable_example`, keeping only `prompt` and `answer`."""
-    return dataset.map(
-        format_verifiable_example,
+    """Map every row with `format_verifiable_example`, keeping only `prompt` and `answer` (text)."""
+    converted = dataset.map(
+        _verifiable_row,
         fn_kwargs={"schema": schema, "prompt_format": prompt_format, "system_prompt": system_prompt},
         remove_columns=dataset.column_names,
         desc=f"Formatting {schema} prompts",
     )
+    return converted.rename_column(_REFERENCE_TEXT, REFERENCE_COLUMN)
+
+
+def _check_references(dataset, split: str) -> None:
+    """Rows without a reference answer are kept but not scored (every built-in reward gives them None, which TRL
+    leaves out of the reward means and gives no advantage): one such row must not stop a run. A warning names how
+    many; a split where no row has one is a `DataError`, since nothing in it could be scored."""
+    missing = sum(1 for answer in dataset[REFERENCE_COLUMN] if not answer)
+    if missing == len(dataset) and missing:
+        raise DataError(
+            f"No row of split {split!r} has a reference answer (column {REFERENCE_COLUMN!r} is empty in all "
+            f"{missing} rows): the rewards have nothing to compare with; fill in the answers."
+        )
+    if missing:
+        logger.warning(
+            "%d of %d rows of split %r have no reference answer: their completions are not scored (reward None, no "
+            "advantage). Fill in column %r to train on them.", missing, len(dataset), split, REFERENCE_COLUMN,
+        )
 
 
 def load_grpo_datasets(script_args, data_args, tokenizer):
@@ -37,7 +65,8 @@ def load_grpo_datasets(script_args, data_args, tokenizer):
     `{"prompt", "answer"}`: conversational prompts with the chat template, Alpaca strings without one.
 
     Returns `(train_dataset, eval_dataset_or_None, DatasetInfo)`. A missing column or a schema that is not a GRPO
-    prompt set is a `DataError` naming the columns expected and found.
+    prompt set is a `DataError` naming the columns expected and found. Rows with an empty reference answer are kept,
+    not scored, and counted in a warning (`_check_references`).
     """
     source, train, train_split, evaluation, eval_split = load_splits(script_args, data_args)
     requested = data_args.dataset_schema
@@ -56,19 +85,14 @@ def load_grpo_datasets(script_args, data_args, tokenizer):
     if data_args.system_prompt and prompt_format == "alpaca":
         logger.warning("system_prompt is ignored with the Alpaca prompt format (the Alpaca preamble plays its part).")
     train = convert_verifiable_dataset(train, schema, prompt_format, data_args.system_prompt)
+    _check_references(train, train_split)
     if evaluation is not None:
         evaluation = convert_verifiable_dataset(evaluation, schema, prompt_format, data_args.system_prompt)
-    info = DatasetInfo(
-        schema=schema,
+        _check_references(evaluation, eval_split)
+    info = DatasetInfo.of_splits(
+        source, train, train_split, evaluation, eval_split, schema=schema,
         output_format="conversational_prompt" if isinstance(train[0]["prompt"], list) else "prompt",
-        prompt_format=prompt_format,
-        assistant_only_loss=False,
-        source=source.location,
-        is_local=source.is_local,
-        train_split=train_split,
-        eval_split=eval_split,
-        num_train=len(train),
-        num_eval=None if evaluation is None else len(evaluation),
+        prompt_format=prompt_format, assistant_only_loss=False,
     )
     logger.info(info.summary())
     return train, evaluation, info

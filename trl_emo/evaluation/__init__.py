@@ -3,7 +3,8 @@
 Tasks (`tasks/`, one module each, registered by name): `bon` (best-of-n with a reward model,
 diversity and GSM8K metrics), `ifeval` (lm-eval's IFEval checkers, via `ifeval_checkers`),
 `math` (MATH with math-verify equivalence, via `math_answers`), `humaneval` / `mbpp` (pass@k of
-programs run by `code_execution` in `sandbox`), `creative` (GEM's creative-writing diversity).
+programs checked in `sandbox/`, the code sandbox: a subpackage of its own with one public face),
+`creative` (GEM's creative-writing diversity).
 Shared machinery: `config` (EvalConfig), `prompts` (prompt sets),
 `generation` (HF generate / vLLM), `scoring` (reward model), `metrics` (pure metric functions),
 `embeddings` (all-MiniLM-L6-v2), `loading` (devices, dtypes, and evaluation errors around

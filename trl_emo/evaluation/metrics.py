@@ -11,9 +11,10 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from fractions import Fraction
 
 import numpy as np
+
+from .final_answers import read_gsm8k, read_number
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,52 +218,21 @@ def mean_ignoring_none(values) -> float | None:
 # GSM8K
 # --------------------------------------------------------------------------------------------
 
-_ANSWER_IS = re.compile(r"the answer is", re.IGNORECASE)
-_GOLD_MARK = "####"
-_DECIMAL = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
-# First signed integer / decimal / fraction; a `$` may sit between the sign and the digits.
-_NUMBER = re.compile(rf"(?P<sign>[-+−]?)\s*\$?\s*(?P<num>{_DECIMAL})(?:\s*/\s*(?P<den>{_DECIMAL}))?")
-
-
 def parse_number(text: str) -> str | None:
-    """The first number in `text`, canonical (`"1234"`, `"-7"`, `"3/4"`, `"2.5"` → `"5/2"`), or None."""
-    match = _NUMBER.search(text)
-    if match is None:
-        return None
-    try:
-        value = Fraction(match["num"].replace(",", ""))
-        if match["den"] is not None:
-            value /= Fraction(match["den"].replace(",", ""))
-    except ZeroDivisionError:
-        return None
-    if match["sign"] in ("-", "−"):
-        value = -value
-    return str(value)
+    """The number `text` holds as its one answer, canonical (`"1,234"` → `"1234"`, `"-7"`, `"3/4"`, `"2.5"` →
+    `"5/2"`, `"\\frac{1}{2}"` → `"1/2"`), or None (no number, or more than one: `"10, 20"`): `final_answers`."""
+    return read_number(text)
 
 
 def extract_answer(text: str) -> str | None:
     """Final answer of a GSM8K/MetaMath-style response, canonical, or None.
 
-    The first number after the last `The answer is` (any case); without one, after the last `####`
-    (the gold answers' format). Commas are dropped; `18`, `18.0` and `36/2` are the same answer.
+    The number of the last `The answer is` (any case) or `####` statement, when that statement holds exactly one
+    answer (a hedge such as `20 or 18` is none), nothing but closing words follows it and no earlier statement reads
+    another number (`final_answers.read_gsm8k`, whose docstring lists the accepted forms). `18`, `18.0`, `36/2` and
+    `\\frac{36}{2}` are the same answer; `1,0720` is no number.
     """
-    for marker in (_ANSWER_IS, re.compile(re.escape(_GOLD_MARK))):
-        found = list(marker.finditer(text))
-        if found:
-            return parse_number(text[found[-1].end() :])
-    return None
-
-
-def answer_text(text: str) -> str | None:
-    """The words a GSM8K-style response gives as its answer: after its last `The answer is` (else `####`), up to
-    the end of that line or sentence. What `extract_answer` reads its number from; None without a marker."""
-    for marker in (_ANSWER_IS, re.compile(re.escape(_GOLD_MARK))):
-        found = list(marker.finditer(text))
-        if found:
-            rest = text[found[-1].end() :].lstrip(" :\t")
-            rest = re.split(r"\n|\.\s|\.$", rest, maxsplit=1)[0].strip()
-            return rest or None
-    return None
+    return read_gsm8k(text).number
 
 
 def majority_vote(answers: Sequence[str | None]) -> str | None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 from ..core.hub import locate
 from ..data.prepare import resolve_prompt_format
+from ..data.adapters import reference_text
 from ..data.prompts import alpaca_prompt, instruction_and_input, user_content
 from ..data.schemas import DataError
 from .config import EvalConfig
 from .errors import EvaluationError
-from .metrics import extract_answer, parse_number
+from .final_answers import reference_number
 
 PROMPT_COLUMNS = ("messages", "prompt", "instruction", "question")
 
@@ -148,8 +149,9 @@ def gsm8k_answer_column(rows: list[dict], columns: list[str]) -> str | None:
 
 
 def gsm8k_gold(text: str) -> str | None:
-    """The canonical number of a GSM8K gold answer (`... #### 42`), or of a bare number (`"42"`)."""
-    return extract_answer(text) or parse_number(text)
+    """The canonical number of a GSM8K gold answer (`... #### 42`), or of a bare number (`"42"`, `"\\frac{1}{2}"`):
+    `final_answers.reference_number`, the reading of the `gsm8k_answer` reward."""
+    return reference_number(text)
 
 
 def load_prompt_set(
@@ -218,7 +220,7 @@ def load_prompt_set(
             reference = _reference(row.get(config.reference_column), config.reference_column, index)
         gold = None
         if answer_column is not None and row.get(answer_column) is not None:
-            gold = parse_gold(str(row[answer_column]))
+            gold = parse_gold(reference_text(row[answer_column]))  # a JSON 0.00001 as "0.00001", not "1e-05"
         prompt_id = row.get("prompt_id", row.get("id", index))
         examples.append(
             PromptExample(

@@ -3,8 +3,9 @@
 Each built-in loss is one module holding its reference function (`per_token`), its PyTorch chunk
 kernel (`chunk`, the CPU path), its Triton row kernel (the GPU path) and its hyper-parameter
 check, and exporting them as `LOSS`; it is registered by one line below. Its hyper-parameters'
-defaults are written once, in its `LOSS.defaults`; `trl_emo.SFTConfig`'s fields take them. `nll` is
-registered as the reference (the trainer leaves `nll` and `dft` to TRL).
+defaults are written once, in its `LOSS.defaults`; `trl_emo.SFTConfig`'s fields take them. `nll` and
+`dft` are registered too: the trainer leaves them to TRL, but outside TRL (`FusedLinearLoss`,
+`fused_lm_loss`, see `standalone.py`) nobody else computes them, and `nll` is the reference.
 
 This package is the bottom of the layers above `trl_emo.core` (docs/architecture.md): pure tensor
 functions and kernels, which import nothing of the trainer, the data, the models or the commands.
@@ -15,10 +16,11 @@ fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the r
 
 from __future__ import annotations
 
-from . import asft, ce_entropy, eaft, eksft, emo, gem, mixce, nll, sed, tailr
+from . import asft, ce_entropy, dft, eaft, eksft, emo, gem, mixce, nll, sed, tailr
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
+from .asft import ReferenceHead
 from .registry import (
     TRL_LOSS_TYPES,
     LossSpec,
@@ -29,8 +31,10 @@ from .registry import (
     register_loss,
     unregister_loss,
 )
+from .standalone import FusedLinearLoss, FusedLinearLossOutput, fused_lm_loss, logit_transform_of
 
 add_loss(nll.LOSS)
+add_loss(dft.LOSS)
 add_loss(gem.LOSS)
 add_loss(emo.LOSS)
 add_loss(tailr.LOSS)
@@ -57,6 +61,8 @@ __all__ = [
     "BACKENDS",
     "TRL_LOSS_TYPES",
     "CostEmbedding",
+    "FusedLinearLoss",
+    "FusedLinearLossOutput",
     "FusedLossOutput",
     "HeadTransform",
     "LossSpec",
@@ -69,12 +75,15 @@ __all__ = [
     "eksft_per_token",
     "emo_per_token",
     "fused_linear_loss",
+    "fused_lm_loss",
     "gem_per_token",
     "get_loss",
     "list_losses",
     "load_cost_embedding",
+    "logit_transform_of",
     "mixce_per_token",
     "nll_per_token",
+    "ReferenceHead",
     "register_loss",
     "select_targets",
     "sed_per_token",

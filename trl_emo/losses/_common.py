@@ -68,6 +68,56 @@ def select_label_rows(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX):
     return rows, targets, RowTensors({"target": is_target[rows], "label": is_label[rows]})
 
 
+LABEL_ROWS_WITH_SHIFT_LABELS = (
+    "This loss reads the position after each target (eksft_formula='authors'), which pre-shifted labels "
+    "(`shift_labels`, context parallelism) do not give; use eksft_formula='paper' there."
+)
+
+
+@dataclass
+class Positions:
+    """The positions of a causal-LM batch a loss reads: `take(x)` gives their rows of any tensor aligned with the
+    inputs (`[B, T, ...]`: hidden states, logits, a reference model's hidden states), `targets` their target ids,
+    `roles` which rows are targets and which label rows when the loss reads label rows (`LossSpec.label_rows`).
+
+    `mask` is over the aligned layout: the inputs without their last position when the labels are shifted here (it
+    has no target), as they are for pre-shifted labels and for label rows."""
+
+    mask: torch.Tensor
+    targets: torch.Tensor
+    roles: object = None  # a `registry.RowTensors`, or None
+    drop_last: bool = False
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[:, :-1] if self.drop_last else x)[self.mask.to(x.device)]
+
+    @property
+    def target_rows(self) -> torch.Tensor | None:
+        """Which of the rows are target positions (None: all of them)."""
+        return None if self.roles is None else self.roles["target"]
+
+
+def select_positions(
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None = None,
+    *,
+    label_rows: bool = False,
+    ignore_index: int = IGNORE_INDEX,
+    device: torch.device | None = None,
+) -> Positions:
+    """The positions to score: every position whose next label (`labels`, unshifted `[B, T]`) or own label
+    (`shift_labels`, already aligned with the inputs, any shape) is not `ignore_index`; with `label_rows`, the target
+    positions and the label positions together (`select_label_rows`, unshifted labels only). Tensors on `device`."""
+    if label_rows:
+        if shift_labels is not None:
+            raise ValueError(LABEL_ROWS_WITH_SHIFT_LABELS)
+        mask, targets, roles = select_label_rows(labels.to(device), ignore_index)
+        return Positions(mask, targets, roles, drop_last=False)
+    targets, mask = select_targets(labels, shift_labels, ignore_index)
+    targets, mask = targets.to(device), mask.to(device)
+    return Positions(mask, targets[mask], None, drop_last=shift_labels is None)
+
+
 def causal_lm_loss(
     per_token: Callable[..., torch.Tensor],
     logits: torch.Tensor,
@@ -185,3 +235,36 @@ def check_number(name: str, value, low: float, high: float, *, low_open: bool = 
 def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}.")
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def check_positive_number(name: str, value, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}.")
+
+
+# How EMO's transport cost can be named (besides a path to a tensor file or a model).
+COST_SOURCES = ("frozen", "lm_head")
+
+
+def check_cost_source(name: str, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be 'frozen', 'lm_head' or a path, got {value!r}.")
+
+
+def check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
+    """A label id past the head's last row is a vocabulary mismatch, not an index error deep in a kernel."""
+    if targets.numel() and int(targets.max()) >= vocab_size:
+        raise ValueError(
+            f"Vocabulary mismatch: a label id ({int(targets.max())}) is outside the model's output vocabulary "
+            f"({vocab_size} tokens). The tokenizer has more tokens than the model: resize the model's token "
+            "embeddings to the tokenizer."
+        )

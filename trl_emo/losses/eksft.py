@@ -2,9 +2,11 @@
 or has moved furthest from a frozen reference, with an entropy bonus and a KL penalty on those tokens.
 
 Per micro-batch on one process (the scope of the authors' code, `MINE-USTC/EKSFT`,
-`src/llamafactory/train/eksft/trainer.py`): with `N` candidate tokens and `k = ⌊ratio·N⌋`, `S_H` are the `k` tokens
-of largest entropy `H_t` and `S_KL` the `k` of largest `KL_t = KL(π_θ ‖ π_ref)` (full vocabulary, no gradient through
-the choice); `D = S_H ∪ S_KL` (`mode="union"`) or `S_H ∩ S_KL` (`"intersection"`) is dropped from the cross-entropy:
+`src/llamafactory/train/eksft/trainer.py`): with `N` candidate tokens and `k = int(N · ratio)` (the product in double
+precision, as their code takes it: ⌊ratio·N⌋ except where the product rounds just below an integer, 0.7 · 90 → 62),
+`S_H` are the `k` tokens of largest entropy `H_t` and `S_KL` the `k` of largest `KL_t = KL(π_θ ‖ π_ref)` (full
+vocabulary, no gradient through the choice; values within `TIE_QUANTUM` of each other are ties, taken in position
+order); `D = S_H ∪ S_KL` (`mode="union"`) or `S_H ∩ S_KL` (`"intersection"`) is dropped from the cross-entropy:
 
     L = mean_{t ∉ D} (−log p_{y_t})  −  λ_H · mean_{t ∈ S_H} H_t / ln V  +  λ_KL · mean_{t ∈ S_KL} KL_t
 
@@ -49,6 +51,11 @@ ENTROPY_EPS = 1e-12
 COUNT_EPS = 1e-12
 # The authors' λ rule: `× 1.05` when the term is on the wrong side of its target, `× 0.95` otherwise.
 LAMBDA_UP, LAMBDA_DOWN = 1.05, 0.95
+# The selection compares entropies and KLs (nats) rounded to this multiple (2.4e-4): about a hundred times the float32
+# rounding of a sum over the vocabulary (up to 2e-6 measured between duplicated rows across chunk sizes and backends),
+# and small against what the bf16 rounding of the authors' logits moves their statistics by (up to 0.1 on peaked rows).
+# Statistics within it rank as ties.
+TIE_QUANTUM = 2.0**-12
 # Per-row quantities `prepare` computes (the `weights` hyper-parameter of the loss pass).
 WEIGHT_FIELDS = ("w_ce", "w_h", "w_kl", "h_term", "kl_term", "c_h", "c_kl", "lse_r")
 METRICS = ("eksft_dropped", "eksft_entropy_selected", "eksft_kl_selected", "eksft_overlap", "eksft_kl")
@@ -80,16 +87,20 @@ def row_statistics(z: torch.Tensor, zr: torch.Tensor, formula: str) -> dict[str,
     (nats) and `KL(p ‖ q)` that select, the two regularizers' values (`h_term`, `kl_term`, before `1/ln V` and λ),
     the sums their gradients subtract (`c_h`, `c_kl`), and the reference's log-normalizer `lse_r`. Reductions are
     dot products over the vocabulary (`vecdot`), so few `[n, V]` temporaries live at once."""
+    # `log p` and `log q` by the same operation, and KL as `Σ p (log p − log q)`: identical rows of `z` and `zr` (the
+    # policy is the reference, as at the first step) give exactly 0, as the Triton kernel does, so that ties are ties
+    # on both backends (`Σ p log p − Σ p log q` left ±1e-6 of rounding here).
     logp = torch.log_softmax(z, dim=-1)
     p = logp.exp()
     lse_r = torch.logsumexp(zr, dim=-1)
-    logq = zr - lse_r[:, None]
-    p_logp = torch.linalg.vecdot(p, logp)
-    p_logq = torch.linalg.vecdot(p, logq)
-    entropy = -p_logp
-    kl = p_logp - p_logq
+    logq = torch.log_softmax(zr, dim=-1)
+    entropy = -torch.linalg.vecdot(p, logp)
     if formula == "authors":
-        del logp
+        # The authors clamp `p - log q` to ±1e10 (an infinite log q would make 0 · inf); finite logits never reach it.
+        pq = torch.linalg.vecdot(p, logq.clamp_(-1e10, 1e10))
+    kl = torch.linalg.vecdot(p, logq.neg_().add_(logp))  # log p − log q, in the place of log q
+    del logq, logp
+    if formula == "authors":
         pe = p + ENTROPY_EPS
         log_pe = torch.log(pe)
         p_log_pe = torch.linalg.vecdot(p, log_pe)
@@ -98,8 +109,6 @@ def row_statistics(z: torch.Tensor, zr: torch.Tensor, formula: str) -> dict[str,
         c_h = p_log_pe + torch.linalg.vecdot(p, ratio)
         del ratio, pe
         pp = torch.linalg.vecdot(p, p)
-        # The authors clamp `p - log q` to ±1e10 (an infinite log q would make 0 · inf); finite logits never reach it.
-        pq = torch.linalg.vecdot(p, logq.clamp_(-1e10, 1e10))
         h_term, kl_term, c_kl = -p_log_pe, pp - pq, 2.0 * pp - pq
     else:
         h_term, c_h, kl_term, c_kl = entropy, -entropy, kl, kl
@@ -107,9 +116,15 @@ def row_statistics(z: torch.Tensor, zr: torch.Tensor, formula: str) -> dict[str,
 
 
 def _top(values: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
-    """The `k` candidates of largest value, as a mask. Ties go to the earlier position: `torch.topk`, which the authors
-    call, leaves their order unspecified, and this is one of the orders it may return."""
-    ranked = torch.where(candidates, values, torch.full_like(values, -math.inf))
+    """The `k` candidates of largest value, as a mask.
+
+    Ranked by the value rounded to a multiple of `TIE_QUANTUM`, earlier positions first among equal keys (a stable
+    sort): values equal in exact arithmetic but not in floating point (the same row's statistics from another chunk
+    size, whose product with the head rounds differently, or from the other backend's formula: ~1e-6 apart in float32)
+    then rank alike everywhere, so that the same rows are selected for the same inputs whatever the chunk size and
+    backend. `torch.topk`, which the authors call, leaves the order of ties unspecified."""
+    key = torch.round(values.double() / TIE_QUANTUM) + 0.0  # + 0.0: -0.0 is 0.0 for every sort (CUDA's radix sort)
+    ranked = torch.where(candidates, key, torch.full_like(key, -math.inf))
     chosen = torch.sort(ranked, descending=True, stable=True).indices[:k]
     mask = torch.zeros_like(candidates)
     mask[chosen] = True
@@ -136,6 +151,8 @@ def plan_rows(stats: dict[str, torch.Tensor], hp: dict, vocab: int, roles: RowTe
     target = torch.ones(n, dtype=torch.bool, device=device) if roles is None else roles["target"].bool()
     shifted = roles is not None and formula == "authors"
     candidates = roles["label"].bool() if shifted else target
+    # The authors' `int(total_valid_tokens * top_k_ratio)` (trainer.py T:311-313): a Python int times a float, so a
+    # product that rounds just below an integer gives one less than ⌊ratio·N⌋ (0.7 · 90 = 62.99999999999999 → 62).
     k = max(0, int(int(candidates.sum()) * ratio))
     if k > 0:
         sel_h = _top(stats["entropy"], candidates, k)
@@ -327,7 +344,9 @@ def _statistics(
     lse = m + log_s
     lse_r = m_r + tl.log(s_r)
     entropy = log_s - t / s
-    kl = v / s - lse + lse_r
+    # KL = Σ p (z − z_r) − (lse − lse_r), the difference of the normalizers taken as (m − m_r) + log(s / s_r): exactly
+    # 0 for identical rows (as the PyTorch path), and without the rounding of two large log-normalizers for close ones.
+    kl = v / s - (m - m_r) - tl.log(s / s_r)
     if AUTHORS:
         p_log_pe = 0.0
         p_g = 0.0

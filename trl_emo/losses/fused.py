@@ -246,11 +246,20 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
             grad_hidden[start:end] = mm_float32(grad_z, w)
         if needs.weight:
             addmm_float32_(grad_weight, grad_z.t(), h)
-    return stats, (
-        None if grad_hidden is None else grad_hidden.to(hidden.dtype),
-        None if grad_weight is None else grad_weight.to(weight.dtype),
-        None if grad_bias is None else grad_bias.to(bias.dtype),
-    )
+    return stats, (_held(grad_hidden, hidden.dtype), _held(grad_weight, weight.dtype), _held(grad_bias, bias))
+
+
+def _held(grad: torch.Tensor | None, like) -> torch.Tensor | None:
+    """A gradient as kept from forward to backward: in its parameter's dtype, except fp16, kept in float32.
+
+    The gradient is formed unscaled in forward; fp16 training scales it in backward by GradScaler's factor (2**16 at
+    first, itself above fp16's largest 65,504), and the unscaled entries of a mean over many tokens sit below fp16's
+    smallest subnormal. Kept in float32 and rounded once after the scale, fp16 gets the gradient the logits path
+    computes under the same scale (seen on an H100: in fp16 every element overflowed to inf or flushed to 0)."""
+    if grad is None:
+        return None
+    dtype = like.dtype if isinstance(like, torch.Tensor) else like
+    return grad if dtype == torch.float16 and grad.dtype == torch.float32 else grad.to(dtype)
 
 
 def _target_logits(h, w, bias, targets, transform: HeadTransform) -> torch.Tensor:
@@ -281,8 +290,10 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
     else:
         grad_scale = scale.to(torch.float32).reshape(1)
         alpha = 1.0
-    grad_hidden = torch.empty(hidden.shape, device=device, dtype=hidden.dtype) if needs.hidden else None
-    weight_acc_dtype = torch.float32 if plan.fp32_weight_grad else weight.dtype
+    # fp16 parameters get float32 accumulators (see `_held`).
+    hidden_acc_dtype = torch.float32 if hidden.dtype == torch.float16 else hidden.dtype
+    grad_hidden = torch.empty(hidden.shape, device=device, dtype=hidden_acc_dtype) if needs.hidden else None
+    weight_acc_dtype = torch.float32 if plan.fp32_weight_grad or weight.dtype == torch.float16 else weight.dtype
     grad_weight = torch.zeros(weight.shape, device=device, dtype=weight_acc_dtype) if needs.weight else None
     grad_bias = torch.zeros(bias.shape, device=device, dtype=torch.float32) if needs.bias else None
     for start in range(0, n_tokens, rows):
@@ -320,11 +331,7 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
                 grad_hidden[start:end] = mm_float32(z, w).mul_(alpha)
         if needs.weight:
             accumulate_product_(grad_weight, z.t(), h, alpha=alpha)
-    return stats, (
-        grad_hidden,
-        None if grad_weight is None else grad_weight.to(weight.dtype),
-        None if grad_bias is None else grad_bias.to(bias.dtype),
-    )
+    return stats, (_held(grad_hidden, hidden.dtype), _held(grad_weight, weight.dtype), _held(grad_bias, bias))
 
 
 class _FusedLinearLoss(torch.autograd.Function):
@@ -340,6 +347,7 @@ class _FusedLinearLoss(torch.autograd.Function):
         stats, grads = run(plan, hidden, weight, bias, targets, scale, needs)
         # Saved tensors (not plain ctx attributes) are freed as soon as backward has run.
         ctx.present = tuple(g is not None for g in grads)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.save_for_backward(*(g for g in grads if g is not None))
         loss = stats[0].sum() * scale
         ctx.mark_non_differentiable(stats)
@@ -351,8 +359,10 @@ class _FusedLinearLoss(torch.autograd.Function):
         grads = [next(saved) if present else None for present in ctx.present]
         # The incoming gradient is 1 unless the loss was rescaled (DDP token averaging, fp16 loss
         # scaling): then the stored gradients are scaled, otherwise handed over without a copy.
-        if grad_loss is not None and not bool(grad_loss == 1):
-            grads = [None if g is None else g * grad_loss.to(g.dtype) for g in grads]
+        # fp16 gradients arrive here in float32 (`_held`) and are rounded once, after the scale.
+        scaled = grad_loss is not None and not bool(grad_loss == 1)
+        grads = [None if g is None else (g * grad_loss.to(g.dtype) if scaled else g).to(dtype)
+                 for g, dtype in zip(grads, ctx.dtypes)]
         return (*grads, None, None, None)
 
 

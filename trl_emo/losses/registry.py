@@ -207,9 +207,9 @@ def add_loss(spec: LossSpec, overwrite: bool = False) -> LossSpec:
     name = spec.name
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"A loss name must be a Python identifier, got {name!r}.")
-    if name in TRL_LOSS_TYPES and name != "nll":
-        # `nll` is registered by trl_emo itself (the reference for tests and benchmarks), so a
-        # second registration is caught below; `dft` exists only in TRL and stays TRL's.
+    if name in TRL_LOSS_TYPES and name in _REGISTRY:
+        # `nll` and `dft` are registered by trl_emo itself (outside TRL nobody else computes them; in training
+        # `trl_emo.SFTTrainer` hands them to TRL): they are never replaced, not even with `overwrite=True`.
         raise ValueError(f"{name!r} is one of TRL's own loss types; pick another name.")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"A loss named {name!r} is already registered; pass overwrite=True to replace it.")
@@ -240,8 +240,15 @@ def get_loss(name: str) -> LossSpec:
     if name not in _REGISTRY:
         _load_entry_points()
     if name not in _REGISTRY:
+        if name in TRL_LOSS_TYPES:
+            # Listed as a valid `loss_type` (TRL computes it in training) yet not registered: it was unregistered.
+            raise UnknownLossError(
+                f"loss_type {name!r} is TRL's own and its trl_emo implementation is not registered (unregister_loss "
+                f"removed it); re-register it with add_loss(trl_emo.losses.{name}.LOSS)."
+            )
         valid = list_losses()
-        close = difflib.get_close_matches(str(name), valid, n=1)
+        # Never suggest the name itself (it can be listed without being registered: TRL's own names).
+        close = difflib.get_close_matches(str(name), [v for v in valid if v != name], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise UnknownLossError(f"Unknown loss_type {name!r}.{hint} Registered loss types: {', '.join(valid)}.")
     return _REGISTRY[name]

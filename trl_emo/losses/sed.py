@@ -23,16 +23,14 @@ import math
 
 import torch
 
-from ._common import check_number, softmax_stats, target_log_prob, upcast
+from ._common import check_number, check_positive_int, softmax_stats, target_log_prob, upcast
 from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, top_logits, triton, weighted_ce_grad
 from .registry import LossSpec
 
 
 def check(hp: dict) -> None:
     check_number("sed_lambda", hp["lam"], 0.0, math.inf)
-    top_k = hp["top_k"]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"sed_top_k must be a positive integer, got {top_k!r}.")
+    check_positive_int("sed_top_k", hp["top_k"])
     check_number("sed_threshold", hp["threshold"], 0.0, 1.0, low_open=True, allow_none=True)
 
 

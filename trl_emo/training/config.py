@@ -9,8 +9,9 @@ from typing import Any
 
 from trl import SFTConfig as _TRLSFTConfig
 
-from ..losses import BACKENDS as FUSED_BACKENDS
 from ..losses import get_loss, list_losses
+from ..losses._common import check_cost_source, check_positive_int
+from ..losses.standalone import check_fused_options
 from ..losses.registry import TRL_LOSS_TYPES
 
 LOSS_IMPLEMENTATIONS = ("fused", "logits")
@@ -148,11 +149,13 @@ class SFTConfig(_TRLSFTConfig):
             `k` of the calibration's top-k mass. The authors calibrate on the top-10 mass and mask on the top-2 mass
             (`sed_top_k`); both are kept as they run them.
         sed_threshold_samples (`int`, *optional*, defaults to `100`):
-            Rows the calibration reads: the first ones of the evaluation dataset, or of the training dataset when there
-            is none (every position of each row, prompt included, as the authors' calibration reads them).
+            Examples the calibration reads: the first ones of the evaluation dataset, or of the training dataset when
+            there is none (every position of each, prompt included, as the authors' calibration reads them); with
+            `packing`, each example of a packed row counts and runs as its own sequence, as the loss sees it.
         eksft_ratio (`float`, *optional*, defaults to `0.2`):
             EKSFT's share of the micro-batch's tokens selected by entropy and, separately, by KL to the reference
-            (`floor(ratio * N)` tokens each). `0` is cross-entropy, and then no reference model runs.
+            (`int(N * ratio)` tokens each, the authors' arithmetic: 62 of 90 at 0.7). `0` is cross-entropy, and then no
+            reference model runs.
         eksft_lambda_entropy (`float`, *optional*, defaults to `0.05`):
             EKSFT's entropy bonus on the entropy-selected tokens (entropy divided by `ln V`).
         eksft_lambda_kl (`float`, *optional*, defaults to `0.05`):
@@ -275,7 +278,7 @@ class SFTConfig(_TRLSFTConfig):
         default=0.7, metadata={"help": "Share of positions whose top-k mass reaches the calibrated tau (0, 1]."}
     )
     sed_threshold_top_k: int = field(default=10, metadata={"help": "k of the calibration's top-k mass."})
-    sed_threshold_samples: int = field(default=100, metadata={"help": "Rows the tau calibration reads."})
+    sed_threshold_samples: int = field(default=100, metadata={"help": "Examples the tau calibration reads."})
     eksft_ratio: float = field(
         default=_default("eksft", "ratio"), metadata={"help": "EKSFT: share of tokens selected by entropy and by KL."}
     )
@@ -329,20 +332,9 @@ class SFTConfig(_TRLSFTConfig):
             raise ValueError(
                 f"loss_implementation must be one of {', '.join(LOSS_IMPLEMENTATIONS)}, got {self.loss_implementation!r}."
             )
-        if self.fused_chunk_size is not None and (not isinstance(self.fused_chunk_size, int) or self.fused_chunk_size < 1):
-            raise ValueError(f"fused_chunk_size must be a positive integer, got {self.fused_chunk_size!r}.")
-        if self.fused_backend not in FUSED_BACKENDS:
-            raise ValueError(f"fused_backend must be one of {', '.join(FUSED_BACKENDS)}, got {self.fused_backend!r}.")
-        if self.fused_chunk_memory_mb is not None and not (
-            isinstance(self.fused_chunk_memory_mb, (int, float))
-            and not isinstance(self.fused_chunk_memory_mb, bool)
-            and self.fused_chunk_memory_mb > 0
-        ):
-            raise ValueError(f"fused_chunk_memory_mb must be a positive number, got {self.fused_chunk_memory_mb!r}.")
-        if not isinstance(self.emo_cost_embedding, str) or not self.emo_cost_embedding:
-            raise ValueError(
-                f"emo_cost_embedding must be 'frozen', 'lm_head' or a path, got {self.emo_cost_embedding!r}."
-            )
+        # The checks `trl_emo.losses.FusedLinearLoss` shares (its arguments are these fields without `fused_`).
+        check_fused_options(self.fused_chunk_size, self.fused_backend, self.fused_chunk_memory_mb, prefix="fused_")
+        check_cost_source("emo_cost_embedding", self.emo_cost_embedding)
         if self.gem_target_entropy is not None:
             if self.loss_type != "gem":
                 raise ValueError(
@@ -367,9 +359,7 @@ class SFTConfig(_TRLSFTConfig):
                 and 0 < self.sed_threshold_ratio <= 1):
             raise ValueError(f"sed_threshold_ratio must be in (0, 1], got {self.sed_threshold_ratio!r}.")
         for name in ("sed_threshold_top_k", "sed_threshold_samples"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+            check_positive_int(name, getattr(self, name))
         if self.loss_kwargs is not None and not isinstance(self.loss_kwargs, dict):
             raise ValueError(f"loss_kwargs must be a mapping, got {type(self.loss_kwargs).__name__}.")
         # Every built-in hyper-parameter is checked whatever the loss, so a typo in a recipe fails
@@ -395,6 +385,24 @@ class SFTConfig(_TRLSFTConfig):
             )
         hparams.update(self.loss_kwargs or {})
         return hparams
+
+    def checkpoint_side_files(self, head_trains: bool) -> list[str]:
+        """The files a checkpoint of this run holds besides transformers' own, the loss's state a resume needs:
+        EMO's frozen cost embedding (when the head trains: a frozen head is read again), GEM's beta (with a target
+        entropy), SED's calibrated threshold. What `trl_emo.training.checkpoints` checks a checkpoint for."""
+        if self.loss_type in TRL_LOSS_TYPES:
+            return []
+        from . import gem_schedule, objective, sed_threshold
+
+        spec = get_loss(self.loss_type)
+        files = []
+        if spec.uses_cost_embedding and self.emo_cost_embedding == "frozen" and head_trains:
+            files.append(objective.COST_EMBEDDING_FILE)
+        if self.gem_target_entropy is not None:
+            files.append(gem_schedule.STATE_FILE)
+        if spec.name == "sed" and self.loss_hyperparameters().get("threshold") is None:
+            files.append(sed_threshold.STATE_FILE)
+        return files
 
 
 def loss_defaults(loss_type: str) -> dict[str, Any]:

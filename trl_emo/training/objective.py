@@ -15,34 +15,20 @@ import os
 import torch
 
 from .trl_compat import gather_lm_head, head_parameters
-from ..losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, select_targets, token_statistics
-from ..losses._common import select_label_rows
+from ..losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, token_statistics
+from ..losses._common import check_label_ids, select_positions
 from ..losses.fused import FusedLossOutput, HeadTransform
 from ..losses.registry import ROLES
 
 logger = logging.getLogger(__name__)
 
 COST_EMBEDDING_FILE = "trl_emo_cost_embedding.safetensors"
-_LABEL_ROWS_WITH_SHIFT_LABELS = (
-    "This loss reads the position after each target (eksft_formula='authors'), which pre-shifted labels "
-    "(`shift_labels`, context parallelism) do not give; use eksft_formula='paper' there."
-)
 
 
 def output_vocab_size(model) -> int:
     """Rows of the output embedding, also when DeepSpeed ZeRO-3 has partitioned it (then `shape` is empty)."""
     weight = model.get_output_embeddings().weight
     return tuple(getattr(weight, "ds_shape", None) or weight.shape)[0]
-
-
-def _check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
-    """A label id past the head's last row is a vocabulary mismatch, not an index error deep in a kernel."""
-    if targets.numel() and int(targets.max()) >= vocab_size:
-        raise ValueError(
-            f"Vocabulary mismatch: a label id ({int(targets.max())}) is outside the model's output vocabulary "
-            f"({vocab_size} tokens). The tokenizer has more tokens than the model: resize the model's token "
-            "embeddings to the tokenizer."
-        )
 
 
 class Objective:
@@ -153,7 +139,7 @@ class Objective:
         """The objective from hidden states of the target positions (see `fused_linear_loss`); `reference`: the
         reference model's `ReferenceHead` at the same positions (ASFT, EKSFT); `roles`: when the loss reads label rows
         too, which rows are targets and which are label rows (`select_label_rows`)."""
-        _check_label_ids(targets, weight.shape[0])
+        check_label_ids(targets, weight.shape[0])
         kwargs = self._kwargs(weight)
         if self.spec.needs_reference:
             kwargs = {**kwargs, "reference": reference}
@@ -181,36 +167,24 @@ class Objective:
         model's logits of the same batch)."""
         weight, _ = head_parameters(model)
         extra = {}
-        roles = None
-        if self.reads_label_rows:
-            if shift_labels is not None:
-                raise ValueError(_LABEL_ROWS_WITH_SHIFT_LABELS)
-            mask, selected_targets, roles = select_label_rows(labels)
-            aligned = aligned_reference = logits
+        positions = select_positions(labels, shift_labels, label_rows=self.reads_label_rows)
+        roles, selected_targets = positions.roles, positions.targets
+        if roles is not None:
             extra[ROLES] = roles
-            if reference_logits is not None:
-                aligned_reference = reference_logits
-        else:
-            targets, mask = select_targets(labels, shift_labels)
-            aligned = logits if shift_labels is not None else logits[:, :-1]
-            selected_targets = targets[mask]
-            aligned_reference = None if reference_logits is None else (
-                reference_logits if shift_labels is not None else reference_logits[:, :-1]
-            )
-        selected = aligned[mask]
-        _check_label_ids(selected_targets, logits.shape[-1])
+        selected = positions.take(logits)
+        check_label_ids(selected_targets, logits.shape[-1])
         if self.spec.needs_reference:
-            extra["reference"] = None if reference_logits is None else aligned_reference[mask]
+            extra["reference"] = None if reference_logits is None else positions.take(reference_logits)
         # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a gather (read only,
         # detached, so no gradient has to reach the shards).
         with gather_lm_head(weight) if self.reads_head else contextlib.nullcontext():
             values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight), **extra)
-        target_rows = None if roles is None else roles["target"]
+        target_rows = positions.target_rows
         if num_items_in_batch is not None:
             count = num_items_in_batch
         else:  # the target positions (label rows that are not targets are no tokens)
-            count = mask.sum() if target_rows is None else target_rows.sum()
-        total = values.sum() if values.numel() else aligned.sum() * 0.0
+            count = positions.mask.sum() if target_rows is None else target_rows.sum()
+        total = values.sum() if values.numel() else logits.sum() * 0.0
         loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
         stats = token_statistics(selected, selected_targets)
         return FusedLossOutput(

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import SFTTrainer as _TRLSFTTrainer
 
 from . import trl_compat as compat
+from .checkpoints import AtomicCheckpoints
 from .config import SFTConfig
 from ..models.generation_eos import add_end_of_turn_to_generation_config
 from ..losses.registry import TRL_LOSS_TYPES
@@ -43,7 +42,7 @@ def _as_trl_emo_config(args, model) -> SFTConfig:
     return SFTConfig(**values)
 
 
-class SFTTrainer(_TRLSFTTrainer):
+class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
     """TRL's [`trl.SFTTrainer`] with EMO, GEM and the baselines as `loss_type` values.
 
     Use it exactly like TRL's trainer, with [`trl_emo.SFTConfig`]:
@@ -63,7 +62,7 @@ class SFTTrainer(_TRLSFTTrainer):
         self._objective = None
         self._reference = None  # ASFT's reference model (trl_emo.training.reference.ReferenceModel)
         self._gem_schedule = None  # GEM's adaptive beta (trl_emo.training.gem_schedule.GemBetaSchedule)
-        self._sed_calibration = None  # SED's threshold to calibrate: (top_k, ratio, rows), until it is known
+        self._sed_calibration = None  # SED's threshold to calibrate: (top_k, ratio, examples), until it is known
         self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
         self._eval_sums = _MetricSums()  # this evaluation's, logged at its end
         if args.loss_type not in TRL_LOSS_TYPES:
@@ -140,12 +139,8 @@ class SFTTrainer(_TRLSFTTrainer):
             self._gem_schedule = GemBetaSchedule(args.gem_beta, args.gem_target_entropy, args.gem_beta_min, args.gem_beta_step)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = resume_from_checkpoint
-        if self._objective is not None and checkpoint is True:
-            checkpoint = get_last_checkpoint(self.args.output_dir)
-            if checkpoint is None:
-                raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
-            resume_from_checkpoint = checkpoint
+        # `true`/`auto`/a folder -> the newest complete checkpoint, whose side files are read below (`checkpoints`).
+        checkpoint = resume_from_checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
         if self._gem_schedule is not None and checkpoint and self._gem_schedule.load(checkpoint):
             self._objective.hparams["beta"] = self._gem_schedule.beta
         if self._sed_calibration is not None and checkpoint:
@@ -154,6 +149,12 @@ class SFTTrainer(_TRLSFTTrainer):
             saved = sed_threshold.load(checkpoint)
             if saved is not None:
                 self._objective.hparams["threshold"] = saved
+            else:
+                logger.warning(
+                    "Checkpoint %s has no %s: SED's threshold is calibrated again, on the resumed (trained) weights.",
+                    checkpoint,
+                    sed_threshold.STATE_FILE,
+                )
         if self._objective is not None and self._objective.needs_cost:
             restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
             head_trains = self._base_model().get_output_embeddings().weight.requires_grad
@@ -166,20 +167,19 @@ class SFTTrainer(_TRLSFTTrainer):
             self._objective.prepare_cost(self._base_model())
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    def _save_checkpoint(self, model, trial):
-        # Written before TRL/transformers write the rest, so a checkpoint that looks complete has it.
-        if self._objective is not None and self.args.should_save and self._objective.snapshot_must_be_saved(self._base_model()):
-            self._objective.save_cost(self._checkpoint_folder(trial))
-        if self._gem_schedule is not None and self.args.should_save:
-            self._gem_schedule.save(self._checkpoint_folder(trial))
-        if self._sed_calibration is not None and self.args.should_save:
+    def _checkpoint_side_files(self) -> list[str]:
+        return self.args.checkpoint_side_files(self._base_model().get_output_embeddings().weight.requires_grad)
+
+    def _write_side_files(self, folder: str) -> None:
+        # Inside the staged save (`AtomicCheckpoints`), so a published checkpoint always has them.
+        if self._objective is not None and self._objective.snapshot_must_be_saved(self._base_model()):
+            self._objective.save_cost(folder)
+        if self._gem_schedule is not None:
+            self._gem_schedule.save(folder)
+        if self._sed_calibration is not None:
             from . import sed_threshold
 
-            sed_threshold.save(self._checkpoint_folder(trial), self._objective.hparams["threshold"])
-        super()._save_checkpoint(model, trial)
-
-    def _checkpoint_folder(self, trial) -> str:
-        return os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            sed_threshold.save(folder, self._objective.hparams["threshold"])
 
     # -- the loss -------------------------------------------------------------------------
     def _raise_non_finite(self, mode: str) -> None:
@@ -303,15 +303,15 @@ class SFTTrainer(_TRLSFTTrainer):
 
         top_k, ratio, count = self._sed_calibration
         dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
-        rows = sed_threshold.calibration_rows(dataset, count)
+        examples = sed_threshold.calibration_sequences(dataset, count)
         device = inputs["input_ids"].device
-        value = sed_threshold.calibrate(model, self._base_model(), rows, top_k, ratio, device)
-        # Every process computed it on the same rows; the main process's value is everyone's.
+        value = sed_threshold.calibrate(model, self._base_model(), examples, top_k, ratio, device)
+        # Every process computed it on the same examples; the main process's value is everyone's.
         value = float(broadcast(torch.tensor([value], device=device, dtype=torch.float64))[0])
         self._objective.hparams["threshold"] = value
         logger.warning(
             "SED threshold calibrated on the starting model: tau = %.6f (top-%d mass reached by %g of the positions of "
-            "%d rows).", value, top_k, ratio, len(rows),
+            "%d examples).", value, top_k, ratio, len(examples),
         )
 
     def _update_gem_beta(self) -> None:

@@ -67,19 +67,10 @@ def gather_lm_head(*params):
 def logit_transform(model):
     """The logit scale and soft-cap a model applies after its head, read from the config as TRL's fused head reads
     them (TRL 1.16 `trl/trainer/utils.py`, `add_fused_lm_head`), as a `HeadTransform`."""
-    from ..losses.fused import HeadTransform
+    from ..losses.standalone import logit_transform_of
 
-    config = model.config.get_text_config()
-    softcap = getattr(config, "final_logit_softcapping", None)
-    scale = getattr(config, "logit_scale", None)
-    if scale is None:
-        scale = getattr(config, "output_multiplier", None)
-    if scale is None:
-        scale = getattr(config, "lm_head_multiplier", None)
-    if scale is None and getattr(config, "logits_scaling", None) is not None:
-        # Granite/MiniCPM3 divide by `logits_scaling`; HyperCLOVA X multiplies by it.
-        scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
-    return HeadTransform(logit_scale=1.0 if scale is None else float(scale), softcap=softcap)
+    # The reading lives with the losses, which outside TRL (`FusedLinearLoss.for_model`) read it the same way.
+    return logit_transform_of(model.config.get_text_config())
 
 
 @dataclass
@@ -130,12 +121,11 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
     masked like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
 
     When the objective reads label rows (its `reads_label_rows`, EKSFT's authors' formula), the rows are the target
-    positions and the positions whose own label is a token (`trl_emo.losses._common.select_label_rows`), with their
+    positions and the positions whose own label is a token (`trl_emo.losses._common.select_positions`), with their
     roles as `roles=`. `trl_emo_probe=fn` instead returns `fn(hidden [B, T, H], weight, bias, transform)` after the
     backbone, the head gathered as for the loss (SED's threshold calibration: every rank runs it).
     """
-    from ..losses import select_targets
-    from ..losses._common import select_label_rows
+    from ..losses._common import select_positions
 
     # Everything below is looked up on `self` at call time, never through a closure over this instance:
     # `copy.deepcopy(model)` rebinds the method to the copy, which must then run its own weights. (TRL's patch calls
@@ -164,43 +154,41 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
         kwargs["use_cache"] = False
         if getattr(text_config, "output_router_logits", False):
             kwargs.setdefault("output_router_logits", True)
+        if probe is not None:
+            # Hidden states of every position, for a computation of the caller's (SED's threshold calibration), in the
+            # model's own precision: accelerate wraps the forward in the mixed-precision autocast, which would run the
+            # backbone and the head's product in bf16 (the fused loss turns it off for its head step too).
+            import torch
+
+            weight, bias = head_parameters(self)
+            inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+            device_type = (inputs if isinstance(inputs, torch.Tensor) else weight).device.type
+            with torch.autocast(device_type, enabled=False):
+                hidden = self.base_model(*args, **kwargs).last_hidden_state
+                with gather_lm_head(weight, bias):
+                    return probe(hidden.to(weight.device), weight, bias, transform)
         backbone_outputs = self.base_model(*args, **kwargs)
         hidden = backbone_outputs.last_hidden_state
         weight, bias = head_parameters(self)
-        if probe is not None:
-            # Hidden states of every position, for a computation of the caller's (SED's threshold calibration).
-            with gather_lm_head(weight, bias):
-                return probe(hidden.to(weight.device), weight, bias, transform)
         extra = {}
-        if label_rows:
-            # The loss reads the label rows too (EKSFT's authors' formula): the rows are every position that is a
-            # target or has a label, with their roles.
-            if shift_labels is not None:
-                raise ValueError(
-                    "This loss reads the position after each target (eksft_formula='authors'), which pre-shifted "
-                    "labels (`shift_labels`, context parallelism) do not give; use eksft_formula='paper' there."
-                )
-            mask, row_targets, extra["roles"] = select_label_rows(labels.to(weight.device))
-        else:
-            if shift_labels is None:
-                hidden = hidden[:, :-1]
-            targets, mask = select_targets(labels, shift_labels)
-            targets, mask = targets.to(weight.device), mask.to(weight.device)
-            row_targets = targets[mask]
-        # With `device_map`, the backbone can end on another device than the head.
-        hidden = hidden.to(weight.device)
+        # The loss reads the label rows too with EKSFT's authors' formula: the rows are then every position that is
+        # a target or has a label, with their roles.
+        positions = select_positions(labels, shift_labels, label_rows=label_rows, device=weight.device)
+        if positions.roles is not None:
+            extra["roles"] = positions.roles
         if reference is not None:
             from ..losses.asft import ReferenceHead
 
             ref_hidden, ref_weight, ref_bias, ref_transform = reference(self, args, kwargs)
-            if shift_labels is None and not label_rows:
-                ref_hidden = ref_hidden[:, :-1]
             extra["reference"] = ReferenceHead(
-                ref_hidden.to(weight.device)[mask], ref_weight, ref_bias, ref_transform.logit_scale, ref_transform.softcap
+                positions.take(ref_hidden.to(weight.device)), ref_weight, ref_bias, ref_transform.logit_scale,
+                ref_transform.softcap,
             )
         with gather_lm_head(weight, bias):
-            # Masked positions are dropped before any product with the head.
-            result = objective(hidden[mask], weight, bias, row_targets, num_items_in_batch, transform, **extra)
+            # Masked positions are dropped before any product with the head. With `device_map`, the backbone can end
+            # on another device than the head.
+            result = objective(positions.take(hidden.to(weight.device)), weight, bias, positions.targets,
+                               num_items_in_batch, transform, **extra)
         aux_loss = None
         if kwargs.get("output_router_logits"):
             from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
@@ -377,3 +365,17 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
         stand_in, rows, tokenizer, training_args, training_args.packing, None, "dry-run"
     )
     return prepared.select(range(min(n, len(prepared))))
+
+
+def prompt_token_counts(dataset, tokenizer, training_args, n: int = 256) -> list[int]:
+    """How many tokens come before the first trained one in each of the first `n` rows, as TRL tokenizes and labels
+    them (`prepare_sft_examples`, without truncation or packing): the prompt a `max_length` must leave room past."""
+    import copy
+
+    untruncated = copy.copy(training_args)  # not `dataclasses.replace`: no `__post_init__` (device set-up) again
+    untruncated.max_length, untruncated.packing = None, False
+    counts = []
+    for row in prepare_sft_examples(dataset, tokenizer, untruncated, n):
+        labels = row["labels"]
+        counts.append(next((i for i, label in enumerate(labels) if label != -100), len(labels)))
+    return counts

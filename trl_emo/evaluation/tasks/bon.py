@@ -6,10 +6,9 @@ off-the-shelf reward model, and every metric of docs/evaluation.md computed from
 
 from __future__ import annotations
 
-import re
-
 from .. import metrics
 from ..errors import EvaluationError
+from ..final_answers import read_gsm8k
 from ..math_answers import Equivalence
 from ..prompts import PromptSet
 from ..scoring import REFERENCE, score_references
@@ -140,11 +139,6 @@ class BonTask(EvalTask):
             plot_bon(summary, os.path.join(output_dir, "bon.png"))
 
 
-
-# Spans that a number parser reads exactly need no symbolic check; LaTeX ones may (\frac{1}{2}, 2^{10}).
-_SYMBOLIC = re.compile(r"[\\^{}]|sqrt|frac")
-
-
 def gsm8k_equivalence() -> Equivalence | None:
     """math-verify's equivalence when it is installed (the `math` extra), else None (exact comparison only)."""
     try:
@@ -154,18 +148,18 @@ def gsm8k_equivalence() -> Equivalence | None:
 
 
 def gsm8k_answers(texts: list[str], gold: str | None, equivalence: Equivalence | None) -> tuple[list, int]:
-    """Canonical GSM8K answers of `texts`; a response whose number differs from the gold answer but whose
-    stated answer math-verify finds equivalent (`\\frac{1}{2}` for 0.5) gets the gold answer. Returns the
-    answers and how many verdicts the equivalence changed."""
-    answers = [metrics.extract_answer(text) for text in texts]
-    if equivalence is None or gold is None:
-        return answers, 0
+    """Canonical GSM8K answers of `texts` (`final_answers.read_gsm8k`: one final answer or none). A response whose
+    one answer is a LaTeX expression rather than a number (`2^{10}`) gets the gold answer when math-verify finds that
+    single expression equivalent to it. Returns the answers and how many verdicts the equivalence changed. The
+    `gsm8k_answer` reward scores with this function, so a reward and the evaluation never disagree."""
+    answers = []
     changed = 0
-    for j, text in enumerate(texts):
-        if answers[j] == gold:
-            continue
-        span = metrics.answer_text(text)
-        if span is not None and _SYMBOLIC.search(span) and equivalence(gold, span):
-            answers[j] = gold
+    for text in texts:
+        reading = read_gsm8k(text)
+        answer = reading.number
+        if (answer is None and reading.expression is not None and gold is not None and equivalence is not None
+                and equivalence(gold, reading.expression)):
+            answer = gold
             changed += 1
+        answers.append(answer)
     return answers, changed

@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 from ...core.errors import ConfigError
 from .. import metrics
-from ..code_execution import (
+from ..errors import EvaluationError
+from ..generation import GREEDY
+from ..prompts import PromptSet, load_prompt_set, render_policy_prompt
+from ..report import fmt, table_lines
+from ..sandbox import (
     CHECKER_VERSION,
     CodeJob,
     extract_code,
@@ -28,10 +32,6 @@ from ..code_execution import (
     run_checks,
     sanitize,
 )
-from ..errors import EvaluationError
-from ..generation import GREEDY
-from ..prompts import PromptSet, load_prompt_set, render_policy_prompt
-from ..report import fmt, table_lines
 from .base import EvalTask, GenerationPlan, ModelRun
 from .common import response_rows, response_stats, sampling_settings, sampling_text
 

@@ -8,7 +8,7 @@ benchmark's `check(entry_point)` does.
 
 from __future__ import annotations
 
-from ..code_execution import humaneval_problem
+from ..sandbox import humaneval_problem
 from ..task_registry import register_task
 from .code import CodeProblem, CodeTask, require_columns
 

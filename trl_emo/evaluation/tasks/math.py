@@ -33,7 +33,14 @@ from .common import (
 )
 
 # Part of the verdict cache's settings: bump when extraction or clustering changes.
-ANSWER_RULES = "boxed-else-last-line/v1"
+ANSWER_RULES = "one-final-answer/v2"
+
+
+def math_verdicts(texts: list[str], gold: str | None, equivalent: Equivalence) -> list[tuple[str | None, bool]]:
+    """Each response's final answer (`extract_math_answer`: one final answer or None) and whether math-verify finds it
+    equivalent to `gold`: the verdicts this task caches, and the `math_answer` reward's."""
+    answers = [extract_math_answer(text) for text in texts]
+    return [(answer, equivalent(gold, answer)) for answer in answers]
 
 
 def math_answer_column(rows: list[dict], columns: list[str]) -> str | None:
@@ -100,18 +107,20 @@ class MathTask(EvalTask):
         todo = [i for i in range(len(golds)) if any((run.name, i, j) not in cache for j in samples)]
         for i in tqdm(todo, desc=f"check answers {run.name}", unit="prompt", disable=not self.config.progress):
             texts = [run.generations.rows[(run.name, i, j)]["response"] for j in range(plan.num_samples)]
-            answers = [extract_math_answer(text) for text in texts]
-            labels = cluster_answers(answers, equivalent)
+            verdicts = math_verdicts(texts, golds[i], equivalent)
+            labels = cluster_answers([answer for answer, _ in verdicts], equivalent)
             rows = [
                 {"model": run.name, "prompt_index": i, "sample": j, "answer": answer, "cluster": label,
-                 "correct": equivalent(golds[i], answer)}
-                for j, (answer, label) in enumerate(zip(answers, labels))
+                 "correct": correct}
+                for j, ((answer, correct), label) in enumerate(zip(verdicts, labels))
             ]
             if plan.greedy:
-                answer = extract_math_answer(run.generations.rows[(run.name, i, GREEDY)]["response"])
+                ((answer, correct),) = math_verdicts(
+                    [run.generations.rows[(run.name, i, GREEDY)]["response"]], golds[i], equivalent
+                )
                 rows.append(
                     {"model": run.name, "prompt_index": i, "sample": GREEDY, "answer": answer, "cluster": None,
-                     "correct": equivalent(golds[i], answer)}
+                     "correct": correct}
                 )
             cache.append(rows)
         run.extra["verdicts"] = cache

@@ -10,8 +10,8 @@ are not run.
 
 from __future__ import annotations
 
-from ..code_execution import mbpp_problem
 from ..errors import EvaluationError
+from ..sandbox import mbpp_problem
 from ..task_registry import register_task
 from .code import CodeProblem, CodeTask
 

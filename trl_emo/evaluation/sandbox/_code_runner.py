@@ -1,6 +1,6 @@
 """The checking program run inside the sandbox: a model-written solution, then its benchmark's tests.
 
-This file is never imported by trl_emo: `code_execution` reads it as text and runs it with
+This file is never imported by trl_emo: `_code_execution` reads it as text and runs it with
 `Sandbox.run`, which hands it `SANDBOX_INPUT` (the fields below). Standard library only, and only
 modules that are cheap to import (every program pays for them).
 

@@ -9,8 +9,8 @@ import stat
 import tempfile
 import threading
 
-from .sandbox_errors import SandboxError
-from .sandbox_processes import _kill_uid
+from ._errors import SandboxError
+from ._processes import _kill_uid
 
 # The uids (and gids, same numbers) root's programs run as, one per running program. Inside 16 bits, so they
 # exist in containers that map only 0-65535; in the block systemd documents as unused (60578-61183: above

@@ -1,4 +1,4 @@
-"""The sandbox's own failures, apart from what a program does: raised by the parts of `sandbox` that set up a layer
+"""The sandbox's own failures, apart from what a program does: raised by the parts of the sandbox that set up a layer
 (the uid leases, the standard library's copy), so they live below all of them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The child side of `sandbox`: the bootstrap program that puts a program's confinement in place, then runs it.
+"""The child side of `_sandbox`: the bootstrap program that puts a program's confinement in place, then runs it.
 
 `Sandbox` starts every program as `python -s -S -P -c BOOTSTRAP ...`; the bootstrap applies the layers the parent
 chose (Landlock, a network namespace, the privilege drop, the resource limits) through system calls made with

@@ -1,8 +1,8 @@
 """Code benchmarks (HumanEval, MBPP): the Magicoder prompt, extracting the program, running its tests in the sandbox.
 
 Pure functions and one entry point, `run_checks`, which hands `(solution, tests)` jobs to a
-`sandbox.Sandbox` and turns each `SandboxResult` into a verdict. The program run in the sandbox is
-`code_runner.py` (see its docstring for how the verdict resists shortcuts).
+`Sandbox` (`_sandbox`) and turns each `SandboxResult` into a verdict. The program run in the sandbox is
+`_code_runner.py` (see its docstring for how the verdict resists shortcuts).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sandbox import Sandbox, SandboxResult
+from ._sandbox import Sandbox, SandboxResult
 
 # Magicoder's prompt template (Wei et al., "Magicoder: Empowering Code Generation with OSS-Instruct",
 # ICML 2024; `MAGICODER_PROMPT` in src/magicoder/prompt_template.py of github.com/ise-uiuc/magicoder). GEM's
@@ -38,7 +38,7 @@ _RUNNER = None
 def runner_source() -> str:
     global _RUNNER
     if _RUNNER is None:
-        _RUNNER = (Path(__file__).with_name("code_runner.py")).read_text(encoding="utf-8")
+        _RUNNER = (Path(__file__).with_name("_code_runner.py")).read_text(encoding="utf-8")
     return _RUNNER
 
 
@@ -179,7 +179,7 @@ class CodeJob:
 
 
 def encode_fields(*fields: str) -> bytes:
-    """Length-prefixed UTF-8 fields, read back by `code_runner._fields`."""
+    """Length-prefixed UTF-8 fields, read back by `_code_runner._fields`."""
     out = []
     for text in fields:
         data = text.encode("utf-8", "replace")

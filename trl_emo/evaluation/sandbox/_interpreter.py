@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 
-from .sandbox_errors import SandboxError
+from ._errors import SandboxError
 
 # Not mirrored for a dropped uid: installed packages (`-S` never imports them) and CPython's own test suite.
 _STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "test"})

@@ -44,12 +44,12 @@ A confinement layer that was found available (`confinement()`) and then fails to
 error (`SandboxError`), never a silent run without it; the child says it is ready on a pipe the program never
 sees, so a program cannot pass for a failed setup (or the reverse).
 
-This module is the entry point (`Sandbox`, `SandboxLimits`, `SandboxResult`, `confinement()`, the errors) and
-runs the programs; the layers are in modules of their own: `sandbox_bootstrap` (the child side: the system calls
-of Landlock, the network namespace, the privilege drop and the limits), `sandbox_interpreter` (what the
-interpreter may read; the standard library's copy for a dropped uid), `sandbox_uids` (leasing the uids),
-`sandbox_bubblewrap` (bwrap's command line), `sandbox_processes` (finding and killing what a program left
-running), `sandbox_files` (its input, its directory, what its uid left behind), `sandbox_errors`.
+This module is the entry point (`Sandbox`, `SandboxLimits`, `SandboxResult`, `confinement()`, the errors; callers
+import them from the package, `trl_emo.evaluation.sandbox`) and runs the programs; the layers are in private
+modules of their own beside it: `_bootstrap` (the child side: the system calls of Landlock, the network namespace,
+the privilege drop and the limits), `_interpreter` (what the interpreter may read; the standard library's copy for a
+dropped uid), `_uids` (leasing the uids), `_bubblewrap` (bwrap's command line), `_processes` (finding and killing
+what a program left running), `_files` (its input, its directory, what its uid left behind), `_errors`.
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from .sandbox_bootstrap import BOOTSTRAP, SETUP_FAILED, landlock_abi
-from .sandbox_bubblewrap import bubblewrap_argv
-from .sandbox_errors import SandboxError, UnconfinedError
-from .sandbox_files import _anonymous_file, _remove_left_behind, _remove_tree
-from .sandbox_interpreter import _READ_FILES, _blocked_folder, _mode, _read_dirs, _system_paths, interpreter_view
-from .sandbox_processes import MARKER_VARIABLE, _kill_group, _kill_uid, _start_time, _sweep, _wait_unreaped
-from .sandbox_uids import _RETIRED, UNPRIVILEGED_UIDS, _lease_uid
+from ._bootstrap import BOOTSTRAP, SETUP_FAILED, landlock_abi
+from ._bubblewrap import bubblewrap_argv
+from ._errors import SandboxError, UnconfinedError
+from ._files import _anonymous_file, _remove_left_behind, _remove_tree
+from ._interpreter import _READ_FILES, _blocked_folder, _mode, _read_dirs, _system_paths, interpreter_view
+from ._processes import MARKER_VARIABLE, _kill_group, _kill_uid, _start_time, _sweep, _wait_unreaped
+from ._uids import _RETIRED, UNPRIVILEGED_UIDS, _lease_uid
 
-# The public names, wherever they are defined: callers import them from here, not from the modules that hold them.
+# The sandbox's public names, wherever they are defined: the package's face (`__init__`) exports them.
 __all__ = [
     "MARKER_VARIABLE", "SETUP_FAILED", "UNPRIVILEGED_UIDS", "Sandbox", "SandboxError", "SandboxLimits",
     "SandboxResult", "UnconfinedError", "bubblewrap_argv", "confinement", "interpreter_view", "landlock_abi",
