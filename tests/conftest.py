@@ -13,6 +13,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
 
+# Under pytest-xdist (`-n 2`: the README's command), each worker takes one core: torch's default of one thread per
+# core in each worker would put two threads on every core.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Without a GPU, the Triton kernels are tested in Triton's CPU interpreter. It is chosen when a
 # kernel is defined, so before trl_emo is imported; it only runs where a test asks for the Triton
 # backend explicitly (training on a CPU never selects it).
