@@ -162,7 +162,7 @@ def test_a_torn_newest_checkpoint_is_skipped_named_and_kept(assets, tmp_path):
     assert f"skipping torn checkpoint {torn} (no trainer_state.json, optimizer state)" in text
     assert f"resuming from {out / f'checkpoint-{SAVE_STEPS}'}" in text
     assert_same_weights(out, whole)
-    kept = out / f"{ckpt.TORN_PREFIX}checkpoint-{MAX_STEPS}"
+    kept = out / f"{ckpt.REPLACED_PREFIX}checkpoint-{MAX_STEPS}"
     assert (kept / "model.safetensors").exists()  # moved aside when the step was saved again, never deleted
     assert not ckpt.missing_parts(str(torn))
 
@@ -243,7 +243,7 @@ def test_auto_resolution_order_and_messages(tmp_path, caplog):
     complete = ["trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"]
     _touch(tmp_path / "checkpoint-2", *complete)
     _touch(tmp_path / "checkpoint-10", "model.safetensors")  # newer by number (not by name), torn
-    _touch(tmp_path / "_torn-checkpoint-12", *complete)  # moved aside: never a candidate
+    _touch(tmp_path / "_replaced-checkpoint-12", *complete)  # moved aside: never a candidate
     assert ckpt.resolve_checkpoint("auto", str(tmp_path)) == str(tmp_path / "checkpoint-2")
     assert "skipping torn checkpoint" in caplog.text and "checkpoint-10" in caplog.text
     assert ckpt.resolve_checkpoint("false", str(tmp_path)) is None
@@ -297,7 +297,7 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     from conftest import cpu_config
 
     out = tmp_path / "out"
-    for folder in (ckpt.STAGING_DIR + "/checkpoint-4", ckpt.TORN_PREFIX + "checkpoint-4", MERGED_DIR, "checkpoint-2"):
+    for folder in (ckpt.STAGING_DIR + "/checkpoint-4", ckpt.REPLACED_PREFIX + "checkpoint-4", MERGED_DIR, "checkpoint-2"):
         _touch(out / folder, "model.safetensors")
     recorded = {}
 
@@ -314,4 +314,27 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     uploaded = set(filter_repo_objects(files, ignore_patterns=recorded["ignore_patterns"]))
     assert "model.safetensors" in uploaded
-    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.TORN_PREFIX, MERGED_DIR, "checkpoint-"))]
+    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.REPLACED_PREFIX, MERGED_DIR, "checkpoint-"))]
+
+
+def test_a_checkpoint_is_pushed_from_its_published_folder(assets, tmp_path, monkeypatch):
+    """transformers pushes the folder it just wrote, in the background: the staged one, which the rename takes away
+    mid-upload. The push is made from `checkpoint-N` once it is published."""
+    import datasets
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import cpu_config
+    from trl_emo import SFTTrainer
+
+    pushed = []
+    monkeypatch.setattr(transformers.Trainer, "_push_from_checkpoint",
+                        lambda self, folder: pushed.append((folder, (Path(folder) / "model.safetensors").is_file())))
+    out = tmp_path / "out"
+    trainer = SFTTrainer(AutoModelForCausalLM.from_pretrained(assets["model"]), cpu_config(out, save_only_model=True),
+                         processing_class=AutoTokenizer.from_pretrained(assets["model"]),
+                         train_dataset=datasets.Dataset.from_list([{"prompt": "a", "completion": "b"}]))
+    trainer.args.push_to_hub = True  # after construction: no Hub repository is created
+    trainer.state.global_step = 3
+    trainer._save_checkpoint(trainer.model, None)
+    assert pushed == [(str(out / "checkpoint-3"), True)]

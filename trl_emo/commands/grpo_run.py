@@ -17,8 +17,7 @@ from typing import Any
 from ..core.errors import ConfigError
 from .command_line import CommandLine
 from .run_config import (
-    RunArguments, check_sft_output, evaluation_split, model_init_kwargs, sft_tokenizer, starting_policy,
-    trainer_model_kwargs,
+    RunArguments, check_sft_output, evaluation_split, model_settings, sft_tokenizer, starting_policy,
 )
 
 # The answer reward a GRPO prompt set gets when the recipe names none.
@@ -141,8 +140,8 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
     In order: required fields checked; the starting model located; `output_dir` and `resume_from_checkpoint` checked;
     every Hub id of the run checked (`trl_emo.core.hub`); the SFT folder's tokenizer loaded (left padding, a pad token
     as TRL adds one); the prompt set loaded and formatted; the rewards resolved (names or import paths) and their
-    weights checked; the eval split checked; then, everything else known good, an adapter merged (except in a dry
-    run); `model_init_kwargs` filled from `ModelConfig`. Raises `ConfigError`/`DataError`/`SourceError`, or
+    weights checked; the eval split checked; `model_init_kwargs` and the PEFT and quantization settings built
+    (`model_settings`); then, everything else known good, an adapter merged (except in a dry run). Raises `ConfigError`/`DataError`/`SourceError`, or
     `HubAccessError` for a Hub id the run cannot load, in one line.
     """
     from ..core.hub import check_sources, hub_errors
@@ -171,10 +170,10 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
         if reward_funcs is None:
             reward_funcs = _rewards(grpo_args, training_args, info.schema, notes)
         eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        trainer_kwargs = model_settings(model_args, training_args)
         # Last: a merge takes minutes and the whole model's memory, so every check above comes first.
         policy = starting_policy(model_args, training_args, run_args.dry_run)
-    training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return GRPORun(
         script_args, training_args, model_args, data_args, grpo_args, run_args, policy, tokenizer, train_dataset,
-        eval_dataset, info, reward_funcs, trainer_model_kwargs(model_args, quantization_config), notes, hub_sources,
+        eval_dataset, info, reward_funcs, trainer_kwargs, notes, hub_sources,
     )

@@ -46,12 +46,13 @@ def sft_sources(script_args, training_args, model_args) -> list[HubSource]:
     return sources
 
 
-def local_model(field: str, value: str | None, allow_file: bool = False) -> str | None:
+def local_model(field: str, value: str | None, allow_file: bool = False, allow_adapter: bool = True) -> str | None:
     """`value` of a model field, with a local path made absolute (an adapter trained from it records its base by this
     path, which `trl-emo eval` must find from any directory), after checking it before anything loads: a local path
     that does not exist is a one-line error (else it is read as a Hub id and fails in the loader with a message about
     repo ids), and a folder must be a model (`config.json`, or a LoRA adapter's `adapter_config.json`). With
-    `allow_file`, a file is accepted (EMO's cost embedding tensor). Hub ids pass unchanged."""
+    `allow_file`, a file is accepted (EMO's cost embedding tensor); without `allow_adapter`, an adapter folder is not
+    (EMO's cost embedding reads a model's own head). Hub ids pass unchanged."""
     from ..core.errors import ConfigError
     from ..core.hub import locate
 
@@ -64,7 +65,8 @@ def local_model(field: str, value: str | None, allow_file: bool = False) -> str 
     if kind != "local":
         return value
     if os.path.isdir(path):
-        if not any(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "adapter_config.json")):
+        configs = ("config.json", "adapter_config.json") if allow_adapter else ("config.json",)
+        if not any(os.path.isfile(os.path.join(path, name)) for name in configs):
             raise ConfigError(f"{field}: {value} is not a model folder: no config.json (expected {what}, or a Hub id).")
     elif not allow_file:
         raise ConfigError(f"{field}: {value} is a file, not a model folder (expected {what}, or a Hub id).")
@@ -74,7 +76,8 @@ def local_model(field: str, value: str | None, allow_file: bool = False) -> str 
 def check_loss_paths(training_args) -> None:
     """The local paths of `loss_sources` exist and are what they must be (`local_model`)."""
     for field, value in loss_sources(training_args):
-        local_model(field, value, allow_file=field == "emo_cost_embedding")
+        cost = field == "emo_cost_embedding"
+        local_model(field, value, allow_file=cost, allow_adapter=not cost)
 
 
 def model_and_dataset_sources(script_args, model_args) -> list[HubSource]:

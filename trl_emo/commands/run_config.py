@@ -155,6 +155,17 @@ def trainer_model_kwargs(model_args, quantization_config) -> dict:
     return {"quantization_config": quantization_config, "peft_config": get_peft_config(model_args)}
 
 
+def model_settings(model_args, training_args) -> dict:
+    """`training_args.model_init_kwargs` filled from `ModelConfig` and the trainer's quantization/PEFT settings
+    (`model_init_kwargs`, `trainer_model_kwargs`); what they reject (PEFT not installed, a LoRA setting PEFT refuses) is
+    a one-line `ConfigError`. DPO and GRPO call it before an adapter merge."""
+    try:
+        training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
+        return trainer_model_kwargs(model_args, quantization_config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def load_training_tokenizer(model_args, training_args):
     """The model's tokenizer, with the chat template of `chat_template_path` already in place (TRL applies it again
     inside the trainer; the data formatting and masking checks need to see it first), and a pad token (EOS, as TRL
@@ -292,10 +303,9 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     if training_args.eval_strategy == "no":
         eval_dataset = None
 
-    training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return SFTRun(
         script_args, training_args, model_args, data_args, run_args, tokenizer, train_dataset, eval_dataset, info,
-        trainer_model_kwargs(model_args, quantization_config), notes, hub_sources,
+        model_settings(model_args, training_args), notes, hub_sources,
     )
 
 
@@ -423,8 +433,9 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
 
     In order: required fields checked; the starting model located; `output_dir` and `resume_from_checkpoint` checked;
     every Hub id of the run checked (`trl_emo.core.hub`); the SFT folder's tokenizer loaded (a pad token added as TRL
-    would); the preference data loaded and formatted; the eval split checked; then, everything else known good, an
-    adapter merged (except in a dry run); `model_init_kwargs` filled from `ModelConfig`.
+    would); the preference data loaded and formatted; the eval split checked; `model_init_kwargs` and the PEFT and
+    quantization settings built (`model_settings`); then, everything else known good, an adapter merged (except in a
+    dry run).
     """
     from ..core.hub import check_sources, hub_errors
     from ..data import load_dpo_datasets
@@ -440,9 +451,9 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
         tokenizer = sft_tokenizer(model_args, training_args)
         train_dataset, eval_dataset = load_dpo_datasets(script_args, data_args, tokenizer)
         eval_dataset = evaluation_split(training_args, script_args, eval_dataset)
+        trainer_kwargs = model_settings(model_args, training_args)
         policy = starting_policy(model_args, training_args, run_args.dry_run)
-    training_args.model_init_kwargs, quantization_config = model_init_kwargs(model_args, training_args)
     return DPORun(
         script_args, training_args, model_args, data_args, run_args, policy, tokenizer, train_dataset, eval_dataset,
-        trainer_model_kwargs(model_args, quantization_config), list(args.notes), hub_sources,
+        trainer_kwargs, list(args.notes), hub_sources,
     )

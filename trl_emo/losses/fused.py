@@ -217,6 +217,7 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
     grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if needs.weight else None
     grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=acc_dtype) if needs.bias else None
     compute_dtype = plan.compute_dtype
+    late_scale = compute_dtype == torch.float16
     w = weight.to(compute_dtype)
     chunk_size = plan.chunk_rows(weight.shape[0], n_tokens)
     for start in range(0, n_tokens, chunk_size):
@@ -235,7 +236,9 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
             stats[row, start:end] = result.metrics[name]
         if not needs.any:
             continue
-        grad_z = plan.transform.chain_(result.grad.mul_(scale), z)
+        # fp16 would flush the small entries of (p - e_y)/N to zero in the cast below: there 1/N goes on the float32
+        # products at the end instead, as the Triton path's `alpha` does.
+        grad_z = plan.transform.chain_(result.grad if late_scale else result.grad.mul_(scale), z)
         del z, result
         if needs.bias:
             grad_bias += grad_z.sum(0)
@@ -246,6 +249,10 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
             grad_hidden[start:end] = mm_float32(grad_z, w)
         if needs.weight:
             addmm_float32_(grad_weight, grad_z.t(), h)
+    if late_scale:
+        for grad in (grad_hidden, grad_weight, grad_bias):
+            if grad is not None:
+                grad.mul_(scale)
     return stats, (_held(grad_hidden, hidden.dtype), _held(grad_weight, weight.dtype), _held(grad_bias, bias))
 
 
@@ -360,9 +367,14 @@ class _FusedLinearLoss(torch.autograd.Function):
         # The incoming gradient is 1 unless the loss was rescaled (DDP token averaging, fp16 loss
         # scaling): then the stored gradients are scaled, otherwise handed over without a copy.
         # fp16 gradients arrive here in float32 (`_held`) and are rounded once, after the scale.
-        scaled = grad_loss is not None and not bool(grad_loss == 1)
-        grads = [None if g is None else (g * grad_loss.to(g.dtype) if scaled else g).to(dtype)
-                 for g, dtype in zip(grads, ctx.dtypes)]
+        # In place: the held gradient is consumed here (no copy of a head-sized gradient at the backward's peak, as in
+        # Liger's fused loss), so a second backward through the same graph (`retain_graph`) is not supported. The
+        # factor multiplies in the gradient's own arithmetic (a 1/3 from accumulation is not rounded to bf16 first).
+        if grad_loss is not None and not bool(grad_loss == 1):
+            for g in grads:
+                if g is not None:
+                    g.mul_(grad_loss)
+        grads = [None if g is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
         return (*grads, None, None, None)
 
 

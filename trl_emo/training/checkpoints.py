@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "checkpoint"  # transformers' PREFIX_CHECKPOINT_DIR
 STAGING_DIR = "_trl_emo_saving"
-TORN_PREFIX = "_torn-"  # a torn checkpoint moved aside (never deleted) when the same step is saved again
+REPLACED_PREFIX = "_replaced-"  # a checkpoint moved aside (never deleted) when the same step is saved again
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(rf"^{PREFIX}-(\d+)$")
 # What a value of `resume_from_checkpoint` means besides a folder.
@@ -45,11 +45,14 @@ RESUME_NONE = ("", "false", "no", "none", "null")
 class CheckpointSaveError(OSError):
     """A checkpoint could not be written (disk full, permission): the earlier checkpoints are untouched."""
 
-    def __init__(self, folder: str, cause: OSError):
-        reason = cause.strerror or str(cause) or type(cause).__name__
+    def __init__(self, folder: str, cause: BaseException):
+        # An OSError names the file; torch.save says "PytorchStreamWriter failed writing file" (a RuntimeError) on a full
+        # disk, safetensors raises its own error: their text is the cause.
+        text = str(cause).strip()
+        reason = getattr(cause, "strerror", None) or (text.splitlines()[0] if text else type(cause).__name__)
         where = f" ({cause.filename})" if getattr(cause, "filename", None) else ""
         super().__init__(
-            cause.errno,
+            getattr(cause, "errno", None),
             f"could not save {folder}: {reason}{where}; the earlier checkpoints in {os.path.dirname(folder)} are intact "
             "(free space or fix the permission, then relaunch with --resume_from_checkpoint auto)",
         )
@@ -253,23 +256,19 @@ def clear_unfinished_saves(output_dir: str) -> list[str]:
 
 
 def publish(staged: str, final: str) -> None:
-    """Rename the fully written `staged` checkpoint to `final`. A folder already there (the same step saved by a run
-    that was then resumed from an earlier checkpoint) is replaced when complete, as transformers overwrites it, and
-    moved aside as `_torn-checkpoint-N` (kept) when torn."""
+    """Rename the fully written `staged` checkpoint to `final`. A folder already there (the same step saved before,
+    by a run that was then resumed from an earlier checkpoint: a torn one `auto` skipped, or one the user went back
+    past) is moved aside as `_replaced-checkpoint-N` (`.1`, `.2`... when taken), kept, never deleted."""
     _fsync_tree(staged)
     if os.path.isdir(final):
-        if missing_parts(final):
-            aside = os.path.join(os.path.dirname(final), TORN_PREFIX + os.path.basename(final))
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(final, aside)
-            logger.warning("%s was torn (no %s): moved aside to %s, kept", final, ", ".join(missing_parts(aside)), aside)
-        else:
-            old = staged + ".replaced"
-            os.replace(final, old)
-            os.replace(staged, final)
-            shutil.rmtree(old, ignore_errors=True)
-            _fsync_dir(os.path.dirname(final))
-            return
+        aside = os.path.join(os.path.dirname(final), REPLACED_PREFIX + os.path.basename(final))
+        suffix = 0
+        while os.path.exists(aside + (f".{suffix}" if suffix else "")):
+            suffix += 1
+        aside += f".{suffix}" if suffix else ""
+        os.replace(final, aside)
+        logger.warning("%s is saved again: the one there before is kept as %s (delete it when no longer needed)",
+                       final, aside)
     os.replace(staged, final)
     _fsync_dir(os.path.dirname(final))
 
@@ -282,6 +281,7 @@ class AtomicCheckpoints:
     staged save, before the model) and name what a checkpoint must hold for them in `_checkpoint_side_files()`."""
 
     _saving_checkpoint = False
+    _push_pending = False
 
     def _checkpoint_side_files(self) -> list[str]:
         return []
@@ -301,6 +301,14 @@ class AtomicCheckpoints:
                 logger.warning("removed the unfinished save(s) %s from %s", ", ".join(removed),
                                os.path.join(self.args.output_dir, STAGING_DIR))
         return super().train(checkpoint, *args, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        # transformers pushes the folder it just wrote (in the background): the staged one, which the rename takes away
+        # mid-upload. The push waits for the published folder (`_save_checkpoint`).
+        if self._saving_checkpoint:
+            self._push_pending = True
+            return None
+        return super()._push_from_checkpoint(checkpoint_folder)
 
     def _get_output_dir(self, trial):
         run_dir = super()._get_output_dir(trial)
@@ -322,7 +330,7 @@ class AtomicCheckpoints:
             if self.args.should_save:
                 self._write_side_files(staged)
             super()._save_checkpoint(model, trial)
-        except OSError as exc:
+        except _SAVE_ERRORS as exc:
             if self.args.should_save:
                 shutil.rmtree(staged, ignore_errors=True)
             raise CheckpointSaveError(final, exc) from exc
@@ -342,16 +350,37 @@ class AtomicCheckpoints:
                 raise CheckpointSaveError(final, exc) from exc
             with contextlib.suppress(OSError):
                 os.rmdir(staging)  # empty now: no clutter in output_dir between saves
-            _rotate(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+            self._rotate(run_dir)
         self.accelerator.wait_for_everyone()  # nobody reads `checkpoint-N` (or pushes it) before it exists
+        if self._push_pending:
+            self._push_pending = False
+            super()._push_from_checkpoint(final)
+
+    def _rotate(self, run_dir: str) -> None:
+        """transformers' rotation of `save_total_limit`, on the real folder (it ran on the staging one)."""
+        try:
+            from transformers.trainer_utils import rotate_checkpoints
+        except ImportError:  # transformers before the function moved out of the Trainer
+            self._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
+            return
+        rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
 
-def _rotate(run_dir: str, save_total_limit, best_model_checkpoint) -> None:
-    """transformers' rotation of `save_total_limit`, on the real folder (it ran on the staging one)."""
-    from transformers.trainer_utils import rotate_checkpoints
+def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a save that cannot write raises: an OSError, torch.save's RuntimeError ("PytorchStreamWriter failed
+    writing file" on a full disk), safetensors' own error."""
+    errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
+    try:
+        from safetensors import SafetensorError
 
-    rotate_checkpoints(output_dir=run_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint,
-                       use_mtime=True)
+        errors += (SafetensorError,)
+    except ImportError:
+        pass
+    return errors
+
+
+_SAVE_ERRORS = _save_errors()
 
 
 _ATOMIC_CLASSES: dict[type, type] = {}

@@ -141,8 +141,12 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # `true`/`auto`/a folder -> the newest complete checkpoint, whose side files are read below (`checkpoints`).
         checkpoint = resume_from_checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
-        if self._gem_schedule is not None and checkpoint and self._gem_schedule.load(checkpoint):
-            self._objective.hparams["beta"] = self._gem_schedule.beta
+        if self._gem_schedule is not None and checkpoint:
+            if self._gem_schedule.load(checkpoint):
+                self._objective.hparams["beta"] = self._gem_schedule.beta
+            else:  # a folder named explicitly (`auto` skips it): say what happens instead
+                logger.warning("Checkpoint %s has no %s: GEM's adaptive beta starts again from gem_beta=%s.", checkpoint,
+                               "trl_emo_gem_beta.json", self._gem_schedule.beta)
         if self._sed_calibration is not None and checkpoint:
             from . import sed_threshold
 
