@@ -278,7 +278,8 @@ class AtomicCheckpoints:
     and renamed when complete (module docstring), `resume_from_checkpoint` resolved to the newest complete checkpoint.
 
     Subclasses write the loss's own state next to a checkpoint in `_write_side_files(folder)` (called inside the
-    staged save, before the model) and name what a checkpoint must hold for them in `_checkpoint_side_files()`."""
+    staged save, before the model), read it back in `_restore_side_files(checkpoint)` (called once the checkpoint to
+    resume from is resolved) and name what a checkpoint must hold for them in `_checkpoint_side_files()`."""
 
     _saving_checkpoint = False
     _push_pending = False
@@ -289,12 +290,17 @@ class AtomicCheckpoints:
     def _write_side_files(self, folder: str) -> None:
         """Write this trainer's own state into the checkpoint `folder` (the main process only)."""
 
+    def _restore_side_files(self, checkpoint: str | None) -> None:
+        """Read this trainer's own state back from the checkpoint training resumes from (None: from scratch), before
+        training starts."""
+
     def resolve_checkpoint(self, resume_from_checkpoint, announce: bool = True) -> str | None:
         return resolve_checkpoint(resume_from_checkpoint, self.args.output_dir, self.args.save_only_model,
                                   self._checkpoint_side_files(), announce=announce and self.args.should_log)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
+        self._restore_side_files(checkpoint)
         if self.args.should_save:
             removed = clear_unfinished_saves(self.args.output_dir)
             if removed:

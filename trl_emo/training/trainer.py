@@ -138,15 +138,18 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             check_target_entropy(args.gem_target_entropy, output_vocab_size(self._base_model()))
             self._gem_schedule = GemBetaSchedule(args.gem_beta, args.gem_target_entropy, args.gem_beta_min, args.gem_beta_step)
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # `true`/`auto`/a folder -> the newest complete checkpoint, whose side files are read below (`checkpoints`).
-        checkpoint = resume_from_checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
+    def _restore_side_files(self, checkpoint: str | None) -> None:
+        # Called by `AtomicCheckpoints.train` with the checkpoint it resolved (`true`/`auto`/a folder; None: from
+        # scratch). A folder named explicitly may lack a side file (`auto` skips such checkpoints): each loss says what
+        # it does instead.
+        from . import gem_schedule, objective
+
         if self._gem_schedule is not None and checkpoint:
             if self._gem_schedule.load(checkpoint):
                 self._objective.hparams["beta"] = self._gem_schedule.beta
-            else:  # a folder named explicitly (`auto` skips it): say what happens instead
+            else:
                 logger.warning("Checkpoint %s has no %s: GEM's adaptive beta starts again from gem_beta=%s.", checkpoint,
-                               "trl_emo_gem_beta.json", self._gem_schedule.beta)
+                               gem_schedule.STATE_FILE, self._gem_schedule.beta)
         if self._sed_calibration is not None and checkpoint:
             from . import sed_threshold
 
@@ -166,10 +169,9 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 logger.warning(
                     "Checkpoint %s has no %s: the frozen EMO cost embedding is re-taken from the resumed weights.",
                     checkpoint,
-                    "trl_emo_cost_embedding.safetensors",
+                    objective.COST_EMBEDDING_FILE,
                 )
             self._objective.prepare_cost(self._base_model())
-        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _checkpoint_side_files(self) -> list[str]:
         return self.args.checkpoint_side_files(self._base_model().get_output_embeddings().weight.requires_grad)
