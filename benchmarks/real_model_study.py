@@ -118,8 +118,14 @@ def _log(message: str) -> None:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Write `rows` unless the file already holds them; atomically (a study's other processes may be reading it)."""
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
 
 
 def write_data(folder: Path, args) -> dict[str, list[dict]]:

