@@ -323,8 +323,10 @@ def evaluate_model(model: str, path: Path, split: str, temperature: float, data:
     # What the figures depend on besides the model: measures of other sizes are not read from this cache.
     settings = {"samples": args.samples, "greedy": greedy, "max_new_tokens": args.math_max_new_tokens,
                 "problems": getattr(args, split)}
-    if cache.exists() and _measures_valid(json.loads(cache.read_text()), settings, cache, path):
-        return json.loads(cache.read_text())
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if _measures_valid(cached, settings, cache, path):
+            return cached
     eval_args = argparse.Namespace(**vars(args))
     rms.evaluate_math({model: str(path)}, data / f"{split}.jsonl", folder, eval_args, progress=sys.stderr.isatty(),
                       sampling=sampling(temperature), greedy=greedy)
@@ -474,14 +476,15 @@ def study_jobs(args, model_path: str, data: Path, out: Path, heldout: list[dict]
     def sft(arm, seed):
         add(f"sft-{arm}-s{seed}", lambda: train_sft(arm, seed, model_path, data, out, args))
 
-    def evaluation(name, model, path, temperature, after, split="test"):
+    def measure(model, path, split, temperature):
+        """One model at one temperature (greedy too at T = 1), and its held-out entropy once, with its test T = 1."""
         greedy = temperature == 1.0
+        evaluate_model(model, path, split, temperature, data, out, args, greedy)
+        if greedy and split == "test":
+            heldout_entropy(path, heldout, tokenizer)
 
-        def run():
-            evaluate_model(model, path, split, temperature, data, out, args, greedy)
-            if greedy and split == "test":
-                heldout_entropy(path, heldout, tokenizer)
-        add(name, run, after)
+    def evaluation(name, model, path, temperature, after, split="test"):
+        add(name, lambda: measure(model, path, split, temperature), after)
 
     sweep_seed = args.seeds[0]
     sft("nll", sweep_seed)
@@ -509,11 +512,9 @@ def study_jobs(args, model_path: str, data: Path, out: Path, heldout: list[dict]
                                                                     args), [f"sft-{arm}-s{seed}", *lr_after])
         for t in run_temperatures(temperature):
             def run(a=arm, s=seed, rt=temperature, t=t):
+                # The run's name holds the learning rate, known only once the sweep has chosen it.
                 name = rl_name(a, s, rt, rl_learning_rate(args, out))
-                path = out / "runs" / f"rl-{name}"
-                evaluate_model(f"rl-{name}", path, "test", t, data, out, args, t == 1.0)
-                if t == 1.0:
-                    heldout_entropy(path, heldout, tokenizer)
+                measure(f"rl-{name}", out / "runs" / f"rl-{name}", "test", t)
             add(f"eval-{rl_job}-{temperature_key(t)}", run, [rl_job])
     return jobs
 
