@@ -283,8 +283,9 @@ def _still_valid(stamp: Path, recipe: dict, prompts: str, start_stamp: Path) -> 
     return not start_stamp.exists() or start_stamp.stat().st_mtime <= stamp.stat().st_mtime
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+def _now(seconds: float | None = None) -> str:
+    """A stage's finishing time as the reports show it (now, or `seconds` since the epoch)."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
 
 
 def _log_history(run_dir: Path) -> list:
@@ -542,8 +543,7 @@ def collect_run(arm: str, seed: int, temperature: float, learning_rate: float, o
     for stage, (model, path) in stages.items():
         stamp = json.loads((path / "study_run.json").read_text())
         run[f"{stage}_seconds"] = stamp["seconds"]
-        run[f"{stage}_finished"] = stamp.get("finished") or time.strftime(
-            "%Y-%m-%d %H:%M UTC", time.gmtime((path / "study_run.json").stat().st_mtime))
+        run[f"{stage}_finished"] = stamp.get("finished") or _now((path / "study_run.json").stat().st_mtime)
         run[stage] = {temperature_key(t): json.loads((eval_folder(out, "test", model, t) / "measures.json").read_text())
                       for t in run_temperatures(temperature)}
         run[stage]["heldout"] = json.loads((path / f"heldout-{rms.rows_key(heldout)}.json").read_text())
@@ -564,6 +564,14 @@ def _stats(values: list[float]) -> dict | None:
 
 def config_name(arm: str, temperature: float) -> str:
     return arm if temperature == 1.0 else f"{arm}@{temperature_key(temperature)}"
+
+
+def by_config(runs: list[dict]) -> dict[str, list[dict]]:
+    """The runs of each configuration (arm and RL temperature), in the order the configurations first appear."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(config_name(run["arm"], run["rl_temperature"]), []).append(run)
+    return groups
 
 
 def run_metric(run: dict, stage: str, key: str) -> float | None:
@@ -609,10 +617,7 @@ def analyse(results: dict) -> dict:
     """Per configuration (arm and RL temperature): each figure before and after RL over seeds, the RL gain, the curves'
     summary; then the verdicts against CE at the same RL temperature."""
     table = {}
-    for run in results["runs"]:
-        table.setdefault(config_name(run["arm"], run["rl_temperature"]), [])
-    for config in table:
-        rows = [r for r in results["runs"] if config_name(r["arm"], r["rl_temperature"]) == config]
+    for config, rows in by_config(results["runs"]).items():
         entry = {"arm": rows[0]["arm"], "rl_temperature": rows[0]["rl_temperature"], "metrics": {}}
         for key in table_keys(rows[0]["rl_temperature"]) + ["rlT/pass@1", "rlT/pass@8"]:
             before = [run_metric(r, "sft", key) for r in rows]
@@ -857,10 +862,10 @@ def plot(results: dict, path: Path) -> None:
             axes[1][0].plot(range(1, len(wrong) + 1), wrong, style, color=color, alpha=0.8, label=label)
     for config, entry in results["analysis"]["table"].items():
         style = "-" if entry["rl_temperature"] == 1.0 else "--"
+        t = temperature_key(entry["rl_temperature"])
         for stage, alpha in (("sft", 0.35), ("rl", 1.0)):
-            values = [_stats([run_metric(r, stage, f"{temperature_key(entry['rl_temperature'])}/pass@{k}")
-                              for r in results["runs"]
-                              if config_name(r["arm"], r["rl_temperature"]) == config]) for k in K_VALUES]
+            # The configuration's pass@k over its seeds, as the analysis computed it for the tables.
+            values = [entry["metrics"].get(f"{t}/pass@{k}", {}).get(stage) for k in K_VALUES]
             if all(v is not None for v in values):
                 axes[1][1].plot(K_VALUES, [v["mean"] for v in values], style, color=COLORS.get(entry["arm"]),
                                 alpha=alpha, label=f"{config} {stage}")
