@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.real_model` i
 
 from benchmarks.real_model.problems import POEM_TITLES, STORY_TITLES, make_splits  # noqa: E402
 from benchmarks.progress import Progress  # noqa: E402
+from benchmarks.real_model.answer_reader import answer_reader_version  # noqa: E402
 from benchmarks.real_model import report  # noqa: E402
 from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 
@@ -308,6 +309,9 @@ def environment(args, model: str) -> dict:
                      "peft": metadata.version("peft"), "trl_emo": metadata.version("trl-emo")},
         "model": model,
         "command": "python benchmarks/real_model_study.py " + " ".join(sys.argv[1:]),
+        # The answer reader that scored the evaluations (`benchmarks/real_model/answer_reader.py`): this study
+        # re-scores its cached completions on every invocation, so its results are always this reader's reading.
+        "answer_reader": answer_reader_version(),
     }
 
 

@@ -1135,7 +1135,7 @@ def main(argv=None) -> dict:
         raise SystemExit("sft_then_rl_study: error: no run has finished yet; run the study without --finished_only.")
     results = {
         "environment": rms.environment(args, model_path if args.model is None else args.model)
-        | {"command": "python benchmarks/sft_then_rl_study.py " + " ".join(argv), "answer_reader": answer_reader_version()},
+        | {"command": "python benchmarks/sft_then_rl_study.py " + " ".join(argv)},
         "settings": {name: getattr(args, name) for name in DEFAULTS} | {
             "quick": args.quick, "arms": args.arms, "seeds": args.seeds, "cooled_arms": args.cooled_arms,
             "cooled_temperature": COOLED_TEMPERATURE, "rl_learning_rate": learning_rate,

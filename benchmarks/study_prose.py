@@ -95,7 +95,10 @@ NUMBER = re.compile(r"(?<![\w.\-−+/])([−+-]?)(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\
 
 
 def _strip(text: str) -> str:
-    """Text without what holds no result: fenced code, inline code, link targets, HTML comments, dates, times."""
+    """Text without what holds no result: fenced code, inline code, link targets, HTML comments, dates, times, and the
+    regions a report marks `<!-- prose-check: off (why) -->` … `<!-- prose-check: on -->` (figures of runs whose
+    results were not kept, the reason written there)."""
+    text = re.sub(r"<!-- prose-check: off.*?<!-- prose-check: on -->", " ", text, flags=re.S)
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
     text = re.sub(r"`[^`]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)

@@ -355,6 +355,9 @@ def markdown(results: dict) -> str:
         + ("Time, per invocation (a later one reuses the finished runs and evaluations): "
            + "; ".join(f"`{i['command']}` {i['minutes']:.1f} min ({i['date']})" for i in results["invocations"]) + "."
            if results.get("invocations") else f"Total time: {results['total_seconds'] / 60:.1f} min."),
+        "Answer reader (`benchmarks/real_model/answer_reader.py`): "
+        + (f"`{env['answer_reader']}`." if env.get("answer_reader") else
+           "not recorded (these results were scored before the reader's version was recorded, 2026-11-28)."),
         "",
         "Cells are mean ± standard deviation over seeds (a single number: one seed).",
         "",
