@@ -21,9 +21,17 @@ invocations (`--finished_only` reports the runs finished so far).
     python benchmarks/sft_then_rl_study.py --quick               # every stage on tiny sizes, under 5 minutes
     python benchmarks/sft_then_rl_study.py --rl_learning_rate 5e-6   # skip the sweep, use this rate
     python benchmarks/sft_then_rl_study.py --finished_only --write_docs   # report what has finished
+    python benchmarks/sft_then_rl_study.py --from_results docs/sft_then_rl_study.json --write_docs   # re-report
+    python benchmarks/sft_then_rl_study.py --reuse_results docs/sft_then_rl_study.json \
+        --arms nll gem sed eksft eksft_authors psft curio_sft --write_docs   # train the new arms only
+
+Every verdict is a paired, two-sided test with a 95 % interval (`benchmarks/study_stats.py`: a two-way bootstrap
+over the test problems and the seeds), labelled better / worse / cannot tell, with Holm's adjustment per table. A
+cached evaluation's key holds the answer reader's version: a changed reader re-scores the saved completions.
 
 Writes `sft_then_rl_study.json`, `sft_then_rl_study_results.md` and `sft_then_rl_study.png` into `--output_dir` (and
-into `docs/` with `--write_docs`).
+into `docs/` with `--write_docs`, with docs/sft_then_rl_study.md rendered from its template,
+`benchmarks/real_model/sft_then_rl_study.template.md`).
 """
 
 from __future__ import annotations
@@ -1075,7 +1083,12 @@ def write_outputs(results: dict, folder: Path, stem: str = "sft_then_rl_study", 
     (folder / f"{stem}_results.md").write_text(report_markdown(results))
     plot(results, folder / f"{stem}.png")
     if report:
-        (folder / f"{stem}.md").write_text(sft_then_rl_doc.render(results))
+        try:
+            text = sft_then_rl_doc.render(results)
+        except (KeyError, ValueError) as exc:  # results of another shape (--quick, a partial study): leave it as is
+            _log(f"{stem}.md not rendered: its template needs a figure these results lack ({exc})")
+        else:
+            (folder / f"{stem}.md").write_text(text)
 
 
 # -- the study --------------------------------------------------------------------------------------------------------

@@ -334,8 +334,10 @@ def test_the_report_has_every_run_its_pass_at_k_and_the_verdicts(tmp_path):
         assert f"| {run} | 2026-11-27 08:00 UTC | 2026-11-27 09:00 UTC |" in text
     assert "| gem@T0.7-s0 | 0.7 | rl |" in text and "k=8" in text
     assert "0.50 (0.25 / 0.25)" in text  # the zero-spread share, split
-    study.write_outputs(results, tmp_path)
+    study.write_outputs(results, tmp_path, report=True)
     assert (tmp_path / "sft_then_rl_study.png").stat().st_size > 10_000
+    # The written report's template names figures of the full study (sed, GEM at 0.7...): not rendered from these.
+    assert not (tmp_path / "sft_then_rl_study.md").exists()
 
 
 def test_quick_and_default_sizes():
