@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.oracle` impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.oracle.students import DEFAULT_LOSSES, LOSSES  # noqa: E402
+from benchmarks.progress import Progress  # noqa: E402
 
 # Default size: 7.5 min on a 2-core CPU with the nine default students (measured 2026-11-23; docs/oracle_study.md).
 DEFAULTS = dict(
@@ -124,6 +125,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--from_results", default=None, metavar="RESULTS_JSON",
                         help="Train nothing: re-write results.md and oracle_study.png into --output_dir from a saved "
                         "results.json.")
+    parser.add_argument("--verdicts_from", nargs="+", default=None, metavar="RESULTS_MD",
+                        help="Train nothing: write verdicts.md into --output_dir from the paired-difference tables of a "
+                        "saved results.md (and, second, the reachable-target run's): the committed report keeps only "
+                        "its results.md (docs/oracle/).")
     sizes = parser.add_argument_group("sizes (defaults: the default study; --quick replaces unset ones)")
     help_text = {
         "vocab_size": "Vocabulary of oracle and students.",
@@ -335,6 +340,8 @@ def _run_study(args, work: Path) -> dict:
         del tempered
     training: list[dict] = []
     student_config = lm.model_config(args.hidden_size, args.num_layers, args.num_heads, args.seq_len)
+    # The jobs: per seed, the start's pre-training, then one fine-tune (and its measures) per loss and regime.
+    jobs = Progress(len(args.seeds) * (1 + len(args.regimes) * len(args.losses)))
     for seed in args.seeds:
         # -- the common start: cross-entropy pre-training on separate oracle text ----------
         t0 = time.perf_counter()
@@ -346,6 +353,7 @@ def _run_study(args, work: Path) -> dict:
         base.save_pretrained(base_dir)
         training.append({"regime": None, "student": "start", "seed": seed, "steps": info["steps"],
                          "seconds": info["seconds"], **_final_train_log(info["log_history"])})
+        _log(f"[seed {seed}] " + jobs.step("pre-training of the start"))
         sample_seed = 10_000 + seed  # the same sampling seed for every student of this seed
         for regime in args.regimes:
             sequences, epochs = data[regime]
@@ -394,6 +402,7 @@ def _run_study(args, work: Path) -> dict:
                         del tempered
                     if args.nll_temperatures:
                         _log(f"[seed {seed}] {regime:<7} nll at temperatures {args.nll_temperatures} measured")
+                _log(f"[seed {seed}] " + jobs.step(f"{regime} {name}"))
                 del student
             t0 = time.perf_counter()
 
@@ -494,6 +503,13 @@ def write_outputs(results: dict, output_dir) -> None:
                 report.markdown_target_entropy(student, comparison),
                 "",
             ]
+    from benchmarks.oracle.verdicts import CLAIMS, differences_from_results, markdown as verdicts_markdown, verdict_rows
+
+    tables = verdict_rows(differences_from_results(results), CLAIMS)
+    if tables:
+        lines += ["## Verdicts", "", "Each claim as a paired, two-sided test over the seeds (Student's t of the per-seed "
+                  "differences, `benchmarks/oracle/verdicts.py`); better / worse / cannot tell from the 95 % interval.",
+                  "", verdicts_markdown(tables)]
     lines.append(f"Runtime: {results['timings_seconds']['total']:.0f} s on {results['machine']['cpu_count']} CPU cores "
                  f"({results['machine']['torch_threads']} torch threads).")
     (output_dir / "results.md").write_text("\n".join(lines) + "\n")
@@ -505,6 +521,12 @@ def write_outputs(results: dict, output_dir) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.verdicts_from:
+        from benchmarks.oracle.verdicts import write_from_markdown
+
+        path = write_from_markdown([Path(p) for p in args.verdicts_from], Path(args.output_dir))
+        _log(f"Wrote {path}")
+        return {}
     if args.from_results:
         from benchmarks.oracle import report
 

@@ -43,6 +43,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.real_model` i
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.real_model.problems import POEM_TITLES, STORY_TITLES, make_splits  # noqa: E402
+from benchmarks.progress import Progress  # noqa: E402
+from benchmarks.real_model.answer_reader import answer_reader_version  # noqa: E402
 from benchmarks.real_model import report  # noqa: E402
 from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 
@@ -307,6 +309,9 @@ def environment(args, model: str) -> dict:
                      "peft": metadata.version("peft"), "trl_emo": metadata.version("trl-emo")},
         "model": model,
         "command": "python benchmarks/real_model_study.py " + " ".join(sys.argv[1:]),
+        # The answer reader that scored the evaluations (`benchmarks/real_model/answer_reader.py`): this study
+        # re-scores its cached completions on every invocation, so its results are always this reader's reading.
+        "answer_reader": answer_reader_version(),
     }
 
 
@@ -419,6 +424,8 @@ def main(argv=None) -> dict:
     policies = {"base": model_path}
     runs = []
     progress = sys.stderr.isatty()
+    long_plan = [r for r in LONG_RUNS if r in args.runs] if args.long_epochs else []
+    jobs = Progress(sum(len(args.seed_plan[run]) for run in args.runs) + len(long_plan))
     for run in args.runs:
         for seed in args.seed_plan[run]:
             extra = target if run == "gem-target" else None
@@ -428,11 +435,13 @@ def main(argv=None) -> dict:
             # Evaluated as soon as trained: an interrupted study keeps every finished model's generations.
             _log(f"{run} seed {seed}: evaluating ...")
             evaluate_all({f"{run}-s{seed}": str(run_dir)}, data, out, args, progress)
+            _log(jobs.step(f"{run} seed {seed}"))
     long_runs = []
     if args.long_epochs:
         longer = argparse.Namespace(**{**vars(args), "epochs": args.long_epochs})
-        for run in (r for r in LONG_RUNS if r in args.runs):
+        for run in long_plan:
             long_runs.append(record(run, 0, train(run, 0, model_path, data, out, longer, prefix="long-")))
+            _log(jobs.step(f"{run}, {args.long_epochs} epochs"))
     _log("summarizing every model (from the caches) ...")
     evaluations = evaluate_all(policies, data, out, args, progress)
     results = {

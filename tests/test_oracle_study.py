@@ -238,6 +238,8 @@ def test_quick_writes_every_output(quick):
         assert f"| {student} |" in md
     assert "±" in md and "'limited' regime" in md and "'ample' regime" in md
     assert results["command"].startswith("python benchmarks/oracle_study.py --quick")
+    # The verdicts, from each seed's difference (two seeds: Student's t with one degree of freedom).
+    assert "## Verdicts" in md and "comparisons in this table" in md and "| t over 2 paired seeds |" in md
 
 
 def test_quick_numbers_are_sane(quick):
@@ -428,6 +430,27 @@ def test_outputs_can_be_rewritten_from_results_json(quick, tmp_path):
     main(["--from_results", str(out / "results.json"), "--output_dir", str(tmp_path)])
     assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
     assert (tmp_path / "oracle_study.png").stat().st_size > 0
+
+
+def test_verdicts_read_the_committed_tables_rounding_and_all(tmp_path):
+    from benchmarks.oracle import verdicts
+
+    text = (ROOT / "docs" / "oracle" / "results.md").read_text()
+    differences = verdicts.differences_from_markdown(text)
+    emo = differences["ample"]["nll"]["emo"]["precision_ppl"]  # "-13.12 ± 1.91 (3/3 lower)"
+    assert emo == {"mean": -13.12, "std": 1.91, "n": 3, "lower": 3, "rounding": 0.005}
+    target = differences["limited"]["gem-linear"]["gem-target"]["reverse_kl_on_samples"]  # "-0.2906 ± 0.0011"
+    assert target["mean"] == -0.2906 and target["rounding"] == 0.00005
+    assert set(differences["ample"][verdicts.EQUAL_ENTROPY]) >= {"emo", "gem-linear", "mixce", "tailr-authors"}
+    # The committed verdicts.md is what the committed tables give.
+    committed = ROOT / "docs" / "oracle" / "verdicts.md"
+    written = verdicts.write_from_markdown([ROOT / "docs" / "oracle" / "results.md",
+                                            ROOT / "docs" / "oracle" / "gem_target_3.8_results.md"], tmp_path)
+    assert written.read_text() == committed.read_text()
+    # Exact per-seed differences give the same test as their mean ± std, without the rounding's widening.
+    exact = verdicts.effect({"mean": 2.0, "std": 1.0, "n": 3, "values": [1.0, 2.0, 3.0]})
+    assert exact.low == pytest.approx(verdicts.effect({"mean": 2.0, "std": 1.0, "n": 3}).low)
+    assert verdicts.effect({"mean": 2.0, "std": 1.0, "n": 3, "rounding": 0.05}).low < exact.low
 
 
 def test_the_study_leaves_library_logging_as_it_found_it():

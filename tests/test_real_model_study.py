@@ -59,18 +59,19 @@ def stats(*values):
     return report._stats(list(values))
 
 
-def test_a_claim_holds_only_beyond_the_seed_spread():
-    metric = {"nll": stats(10.0, 11.0, 12.0), "gem": stats(14.0, 15.0, 16.0), "gem-ls": stats(13.5)}
-    seen, verdict = report.compare(metric)
-    assert verdict == "holds" and "+4" in seen
-    metric["gem"] = stats(11.0, 11.5, 12.5)  # better by 0.67, spread 1.0
-    assert report.compare(metric)[1] == "partly"
-    metric = {"nll": stats(10.0, 11.0, 12.0), "gem": stats(9.0, 10.0, 10.5), "gem-ls": stats(10.9)}
-    assert report.compare(metric)[1] == "does not hold"
-    # Lower is better (cross-entropy): the same gap the other way round holds.
-    metric = {"nll": stats(1.0, 1.1, 1.2), "gem": stats(0.7, 0.75, 0.8)}
-    assert report.compare(metric, runs=("gem",), higher_is_better=False)[1] == "holds"
-    assert report.compare({"gem": stats(1.0)})[1] == "n/a"
+def test_a_claim_is_a_paired_test_over_the_seeds():
+    metric = {"nll": stats(10.0, 11.0, 12.0), "gem": stats(14.0, 15.0, 16.2), "gem-ls": stats(13.5)}
+    gem, gem_ls = report.compare(metric)
+    # Seed by seed +4, +4, +4.2: a small spread of the differences, though each arm's own spread is 1.
+    assert gem["effect"].label() == "better" and gem["effect"].method == "t over 3 paired seeds"
+    assert gem["effect"].effect == pytest.approx(4.0667, abs=1e-4) and "vs CE 11 ± 1" in gem["seen"]
+    assert gem_ls["effect"].label() == "cannot tell" and gem_ls["effect"].low is None  # one seed: no interval
+    metric["gem"] = stats(12.0, 10.5, 12.5)  # +2, −0.5, +0.5: cannot tell
+    assert report.compare(metric, runs=("gem",))[0]["effect"].label() == "cannot tell"
+    # Lower is better (cross-entropy): the same gap the other way round is "better".
+    metric = {"nll": stats(1.0, 1.1, 1.2), "gem": stats(0.7, 0.75, 0.86)}
+    assert report.compare(metric, runs=("gem",), higher_is_better=False)[0]["effect"].label(False) == "better"
+    assert report.compare({"gem": stats(1.0)}) == []
 
 
 def hand_made_results(tmp_path) -> dict:
@@ -117,12 +118,16 @@ def test_the_report_aggregates_seeds_and_writes_its_verdicts_tables_and_figure(t
     # CE's held-out cross-entropy rose 0.05 after its best epoch (epoch 2); GEM's never rose.
     assert analysis["heldout"]["nll"]["rise_from_best"]["mean"] == pytest.approx(0.05)
     assert analysis["heldout"]["gem"]["rise_from_best"]["mean"] == pytest.approx(0.0)
-    verdicts = {row["claim"]: row["verdict"] for row in analysis["verdicts"]}
-    overfit = next(v for c, v in verdicts.items() if "last epoch" in c)
-    assert overfit == "holds"  # 0.3 vs 0.35 with no spread
-    assert next(v for c, v in verdicts.items() if c.startswith("GEM's greedy")) == "holds"  # 46 ± 1 vs 41 ± 1
-    assert next(v for c, v in verdicts.items() if "poems (n-gram" in c) == "holds"
-    assert sum("GEM's own GSM8K sampling" in claim for claim in verdicts) == 2
+    verdicts = {(row["claim"], row["run"]): row for row in analysis["verdicts"]}
+    greedy = next(v for (c, run), v in verdicts.items() if c.startswith("GEM's greedy") and run == "gem")
+    # 45, 46, 47 against 40, 41, 42 seed by seed: +5 on every seed, no spread of the differences: no interval.
+    assert greedy["effect"]["effect"] == pytest.approx(5.0) and greedy["label"] == "cannot tell"
+    poems = next(v for (c, run), v in verdicts.items() if "poems (n-gram" in c and run == "gem")
+    assert poems["effect"]["effect"] == pytest.approx(10.0)
+    emo = next(v for (c, run), v in verdicts.items() if c.startswith("EMO's samples"))
+    assert emo["effect"]["method"] == "one paired seed: no interval" and emo["label"] == "cannot tell"
+    assert sum("GEM's own GSM8K sampling" in claim for claim, _ in verdicts) == 2
+    assert all("holm_p" in row for row in analysis["verdicts"] if row["effect"] is not None)
     report.write_outputs(results, tmp_path / "out")
     text = (tmp_path / "out" / "real_model_study_results.md").read_text()
     assert "### Task 1b: the same problems sampled as GEM samples GSM8K" in text
@@ -176,10 +181,11 @@ def test_overfitting_is_read_from_the_longer_run_when_no_three_epoch_run_overfit
     assert analysis["long"]["nll"]["best_epoch"]["mean"] == 3 and analysis["long"]["nll"]["rise_from_best"]["mean"] == pytest.approx(0.15)
     verdicts = {row["claim"]: row for row in analysis["verdicts"]}
     three = next(row for claim, row in verdicts.items() if "rises less" in claim and "3 epochs" in claim)
-    assert three["verdict"] == "not observable here"
+    assert three["label"] == "not observable here"
     five = next(row for claim, row in verdicts.items() if "rises less" in claim and "5 epochs" in claim)
-    assert five["verdict"] == "holds" and "one seed each" in five["seen"]  # 0.02 vs 0.15
+    # 0.02 vs 0.15, one seed each: the difference is shown, and no interval comes from one seed.
+    assert five["effect"]["effect"] == pytest.approx(-0.13) and five["label"] == "cannot tell"
     last = next(row for claim, row in verdicts.items() if "last of 5 epochs" in claim)
-    assert last["verdict"] == "holds"  # 0.32 vs 0.40
+    assert last["effect"]["effect"] == pytest.approx(-0.08) and last["effect"]["low"] is None
     text = report.markdown(results)
     assert "### Task 3b: 5 epochs over the same 128 problems" in text and "| best epoch (lowest held-out cross-entropy) | 3 | 3 |" in text

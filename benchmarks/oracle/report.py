@@ -101,7 +101,8 @@ def paired_differences(runs: list[dict], baseline: str = "nll") -> dict:
             if not diffs:
                 continue
             mean, std = mean_std(diffs)
-            out[student][key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs)}
+            out[student][key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs),
+                                 "values": diffs}
     return out
 
 
@@ -143,7 +144,8 @@ def matched_entropy_differences(runs: list[dict], baseline: str = "nll") -> dict
         out[student] = {"outside": outside}
         for key, values in diffs.items():
             mean, std = mean_std(values)
-            out[student][key] = {"mean": mean, "std": std, "n": len(values), "lower": sum(v < 0 for v in values)}
+            out[student][key] = {"mean": mean, "std": std, "n": len(values), "lower": sum(v < 0 for v in values),
+                                 "values": values}
     return out
 
 
@@ -217,7 +219,7 @@ def target_entropy_comparison(runs: list[dict], paths: list[dict], student: str,
         for key in CLOSENESS_KEYS:
             diffs = [a[key] - b[key] for a, b in zip(own, values)]
             mean, std = mean_std(diffs)
-            entry[key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs)}
+            entry[key] = {"mean": mean, "std": std, "n": len(diffs), "lower": sum(d < 0 for d in diffs), "values": diffs}
         entry["closer_in_both"] = sum(a["forward_kl"] < b["forward_kl"]
                                       and a["reverse_kl_on_samples"] < b["reverse_kl_on_samples"]
                                       for a, b in zip(own, values))

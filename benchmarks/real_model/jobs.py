@@ -12,6 +12,7 @@ the claims and done-marks of the earlier invocation are cleared, and finished jo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.progress import duration, estimate
 
 
 @dataclass
@@ -37,10 +40,12 @@ class JobBoard:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
 
-    def reset(self) -> None:
+    def reset(self, workers: int = 1) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         for part in ("claimed", "done", "failed"):
             (self.folder / part).mkdir(parents=True, exist_ok=True)
+        # When this invocation started and how many workers share it: what the progress lines' estimates read.
+        (self.folder / "started").write_text(json.dumps({"time": time.time(), "workers": workers}))
 
     def _mark(self, part: str, name: str) -> Path:
         return self.folder / part / name
@@ -72,8 +77,23 @@ class JobBoard:
     def done(self, name: str) -> bool:
         return self._mark("done", name).exists()
 
-    def finish(self, name: str) -> None:
-        self._mark("done", name).touch()
+    def finish(self, name: str, seconds: float = 0.0) -> None:
+        self._mark("done", name).write_text(f"{seconds:.3f}")
+
+    def progress(self, total: int) -> str:
+        """This invocation's progress line (`benchmarks/progress.py`): the jobs done by every worker, the time since it
+        started, and an estimate of the time left from the done jobs' times."""
+        try:
+            started = json.loads((self.folder / "started").read_text())
+        except (OSError, ValueError):
+            started = {"time": time.time(), "workers": 1}
+        durations = []
+        for path in (self.folder / "done").glob("*"):
+            try:
+                durations.append(float(path.read_text() or 0))
+            except (OSError, ValueError):
+                durations.append(0.0)
+        return estimate(durations, len(durations), total, time.time() - started["time"], started["workers"])
 
     def fail(self, name: str, error: str) -> None:
         self._mark("failed", name).write_text(error)
@@ -102,13 +122,15 @@ def work(jobs: list[Job], board: JobBoard, log: Callable[[str], None], poll: flo
         if taken is None:
             time.sleep(poll)  # what is left waits for jobs other workers hold
             continue
+        log(f"job {len(list((board.folder / 'claimed').glob('*')))} of {len(jobs)}: {taken.name} ...")
+        began = time.time()
         try:
             taken.run()
         except BaseException as exc:  # noqa: BLE001 - recorded for the other workers and the parent, then re-raised
             board.fail(taken.name, "".join(traceback.format_exception_only(type(exc), exc)).strip())
             raise
-        board.finish(taken.name)
-        log(f"job {taken.name} done")
+        board.finish(taken.name, time.time() - began)
+        log(f"{taken.name} done in {duration(time.time() - began)}: {board.progress(len(jobs))}")
 
 
 def run_workers(jobs: list[Job], board: JobBoard, workers: int, worker_command: list[str],
@@ -118,7 +140,7 @@ def run_workers(jobs: list[Job], board: JobBoard, workers: int, worker_command: 
     invocation at a time owns the board (`<board>.lock`, the owner's pid): a second one, or a relaunch while the
     workers of a killed one still run, stops with one line instead of running their jobs a second time."""
     with _owning(board):
-        board.reset()
+        board.reset(workers)
         if workers <= 1:
             try:
                 work(jobs, board, log)

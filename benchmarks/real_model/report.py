@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from benchmarks import study_stats
 from benchmarks.oracle.metrics import mean_std
 
 # Display order and labels of the runs.
@@ -29,20 +30,32 @@ def run_of(model: str) -> str:
     return model.rsplit("-s", 1)[0] if "-s" in model and model.rsplit("-s", 1)[1].isdigit() else model
 
 
-def _stats(values: list[float]) -> dict | None:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
+def _stats(values: list[float], seeds: list | None = None) -> dict | None:
+    """Mean ± std over seeds, with each seed's value (`values`, and their `seeds` when known: the verdicts pair CE's
+    and a loss's runs by seed)."""
+    seeds = seeds if seeds is not None else [None] * len(values)
+    kept = [(s, v) for s, v in zip(seeds, values)
+            if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not kept:
         return None
-    mean, std = mean_std(values)
-    return {"mean": mean, "std": std, "n": len(values), "values": values}
+    mean, std = mean_std([v for _, v in kept])
+    out = {"mean": mean, "std": std, "n": len(kept), "values": [v for _, v in kept]}
+    if any(s is not None for s, _ in kept):
+        out["seeds"] = [s for s, _ in kept]
+    return out
+
+
+def seed_of(model: str) -> int | None:
+    """`gem-s1` -> 1; `base` -> None."""
+    return int(model.rsplit("-s", 1)[1]) if run_of(model) != model else None
 
 
 def _by_run(models: dict, value) -> dict:
     """{run: stats over its seeds} of `value(model_summary)` for every evaluated model."""
     grouped: dict[str, list] = {}
     for name, summary in models.items():
-        grouped.setdefault(run_of(name), []).append(value(summary))
-    return {run: _stats(values) for run, values in grouped.items()}
+        grouped.setdefault(run_of(name), []).append((seed_of(name), value(summary)))
+    return {run: _stats([v for _, v in pairs], [s for s, _ in pairs]) for run, pairs in grouped.items()}
 
 
 def analyse(results: dict) -> dict:
@@ -116,11 +129,13 @@ def epoch_curves(runs: list[dict]) -> dict:
     for name, group in _group(runs).items():
         epochs = max(len(r["epochs"]) for r in group)
         curves[name] = {
-            key: [_stats([r["epochs"][e][key] for r in group if len(r["epochs"]) > e]) for e in range(epochs)]
+            key: [_stats([r["epochs"][e][key] for r in group if len(r["epochs"]) > e],
+                         [r["seed"] for r in group if len(r["epochs"]) > e]) for e in range(epochs)]
             for key in ("cross_entropy", "entropy", "accuracy")
         }
         lows = [min(e["cross_entropy"] for e in r["epochs"]) for r in group]
-        curves[name]["rise_from_best"] = _stats([r["epochs"][-1]["cross_entropy"] - low for r, low in zip(group, lows)])
+        curves[name]["rise_from_best"] = _stats([r["epochs"][-1]["cross_entropy"] - low for r, low in zip(group, lows)],
+                                                [r["seed"] for r in group])
         curves[name]["best_epoch"] = _stats([1 + min(range(len(r["epochs"])), key=lambda e: r["epochs"][e]["cross_entropy"])
                                              for r in group])
     return curves
@@ -140,33 +155,29 @@ def _mean(stats):
     return None if stats is None else stats["mean"]
 
 
-def compare(metric: dict, runs=("gem", "gem-ls"), higher_is_better: bool = True) -> tuple[str, str]:
-    """What `runs` show against CE on one metric (`{run: stats}`), and the verdict.
-
-    A run *holds* when it is better than CE by more than the seed spread (the larger standard deviation of the two;
-    with one seed on both sides, any gap counts, and the text says so), *partly* when it is better but within that
-    spread, and *does not hold* otherwise. Over several runs (GEM linear and logsigmoid): holds if all hold, does not
-    hold if none is better, partly otherwise."""
+def compare(metric: dict, runs=("gem", "gem-ls"), higher_is_better: bool = True) -> list[dict]:
+    """Each of `runs` against CE on one metric (`{run: stats over seeds}`): what we see, and the paired test over the
+    seeds both have (`benchmarks/study_stats.py`: Student's t over the per-seed differences; this study keeps one
+    figure per run and seed, no per-problem one; with one seed, no interval). Runs without the metric are left out."""
     ce = metric.get("nll")
     if ce is None:
-        return "no CE run", "n/a"
-    parts, outcomes = [], []
+        return []
+    rows = []
     for run in runs:
         other = metric.get(run)
         if other is None:
             continue
-        delta = other["mean"] - ce["mean"]
-        better = delta > 0 if higher_is_better else delta < 0
-        spread = max(ce["std"], other["std"])
-        clear = abs(delta) > spread
-        outcomes.append("holds" if better and clear else ("partly" if better else "does not hold"))
-        seeds = "" if other["n"] > 1 or ce["n"] > 1 else ", one seed each"
-        parts.append(f"{LABELS[run]} {_plain(other)} vs CE {_plain(ce)} ({delta:+.3g}{seeds})")
-    if not outcomes:
-        return "not run", "n/a"
-    verdict = "holds" if all(o == "holds" for o in outcomes) else (
-        "does not hold" if all(o == "does not hold" for o in outcomes) else "partly")
-    return "; ".join(parts), verdict
+        effect = study_stats.compare_seeds(_by_seed(other), _by_seed(ce))
+        rows.append({"run": run, "seen": f"{_plain(other)} vs CE {_plain(ce)}", "effect": effect,
+                     "higher_is_better": higher_is_better,
+                     # as many decimals as the metric needs: points of accuracy or diversity, hundredths of a nat
+                     "digits": 1 if abs(ce["mean"]) >= 1 else 3})
+    return rows
+
+
+def _by_seed(stats: dict) -> dict:
+    """{seed: value} of a run's stats (a run measured once without a seed counts as seed 0)."""
+    return dict(zip(stats.get("seeds") or range(stats["n"]), stats["values"]))
 
 
 def _plain(stats: dict) -> str:
@@ -174,15 +185,16 @@ def _plain(stats: dict) -> str:
 
 
 def verdicts(analysis: dict) -> list[dict]:
-    """One row per paper claim: what we see (GEM linear and logsigmoid, or EMO, against CE) and whether it holds."""
+    """One row per paper claim and run (GEM linear and logsigmoid, or EMO, against CE): what we see, the effect with
+    its interval and its label, and the label after Holm's adjustment over every row with an interval."""
     math_ = analysis["math"]
     heldout = analysis["heldout"]
     kmax = max(math_["k"]) if math_.get("k") else None
     rows = []
 
     def add(claim, metric, runs=("gem", "gem-ls"), higher_is_better=True):
-        seen, verdict = compare(metric, runs, higher_is_better)
-        rows.append({"claim": claim, "seen": seen, "verdict": verdict})
+        for row in compare(metric, runs, higher_is_better):
+            rows.append({"claim": claim, **row})
 
     def last(key):
         return {run: values[key][-1] for run, values in heldout.items()
@@ -194,7 +206,7 @@ def verdicts(analysis: dict) -> list[dict]:
     rises = {run: values["rise_from_best"] for run, values in heldout.items() if values.get("rise_from_best")}
     short = f" ({max((len(v['cross_entropy']) for k, v in heldout.items() if k != 'base'), default=0)} epochs)"
     if rises.get("nll") and max(s["mean"] for s in rises.values()) == 0.0:
-        rows.append({"claim": rise_claim + short, "verdict": "not observable here",
+        rows.append({"claim": rise_claim + short, "run": "every run", "effect": None, "label": "not observable here",
                      "seen": "no run overfit: every loss's held-out cross-entropy still fell at the last epoch"})
     else:
         add(rise_claim + short, rises, higher_is_better=False)
@@ -222,13 +234,34 @@ def verdicts(analysis: dict) -> list[dict]:
         add("EMO's samples are more precise: sample accuracy at T = 1 (EMO §4, precision)", math_["sample"], ("emo",))
     add("EMO models the held-out answers better: lower held-out cross-entropy (EMO §4, recall)", last("cross_entropy"),
         ("emo",), higher_is_better=False)
+    tested = [row for row in rows if row["effect"] is not None]
+    study_stats.judged(tested)
+    for row in tested:
+        row["effect"] = row["effect"].as_dict()
     return rows
 
 
 def verdict_table(analysis: dict) -> str:
-    lines = ["| paper claim | what we see (mean over seeds) | at this scale |", "|---|---|---|"]
-    for row in analysis["verdicts"]:
-        lines.append(f"| {row['claim']} | {row['seen']} | {row['verdict']} |")
+    rows = analysis["verdicts"]
+    tested = [row for row in rows if row["effect"] is not None]
+    effects = [study_stats.Effect(**{**row["effect"], "seeds": tuple(row["effect"]["seeds"])}) for row in tested]
+    lines = ["The effect is the loss's figure minus CE's (mean of the per-seed differences over the seeds both "
+             "have), with its 95 % interval: Student's t over those paired seeds (`benchmarks/study_stats.py`; this "
+             "study keeps one figure per run and seed, not per problem or prompt, so the seed is the paired unit; "
+             "with one seed there is no interval). **better**: the interval on the claim's side of 0 (below it where "
+             "lower is better), **worse**: on the other side, **cannot tell**: it contains 0; two-sided. "
+             + study_stats.comparisons_line([{"effect": e} for e in effects]), "",
+             "| paper claim | loss | what we see (mean ± std over seeds) | effect [95 % interval] | verdict | p | "
+             "Holm p | after Holm | computed by |", "|---|---|---|---:|---|---:|---:|---|---|"]
+    for row in rows:
+        if row["effect"] is None:
+            lines.append(f"| {row['claim']} | {row['run']} | {row['seen']} | — | **{row['label']}** | — | — | — | — |")
+            continue
+        effect = study_stats.Effect(**{**row["effect"], "seeds": tuple(row["effect"]["seeds"])})
+        lines.append(f"| {row['claim']} | {LABELS[row['run']]} | {row['seen']} | "
+                     f"{study_stats.interval_text(effect, row['digits'])} | **{row['label']}** | "
+                     f"{study_stats.p_text(effect.p)} | {study_stats.p_text(row['holm_p'])} | {row['holm_label']} | "
+                     f"{effect.method} |")
     return "\n".join(lines)
 
 
@@ -322,6 +355,9 @@ def markdown(results: dict) -> str:
         + ("Time, per invocation (a later one reuses the finished runs and evaluations): "
            + "; ".join(f"`{i['command']}` {i['minutes']:.1f} min ({i['date']})" for i in results["invocations"]) + "."
            if results.get("invocations") else f"Total time: {results['total_seconds'] / 60:.1f} min."),
+        "Answer reader (`benchmarks/real_model/answer_reader.py`): "
+        + (f"`{env['answer_reader']}`." if env.get("answer_reader") else
+           "not recorded (these results were scored before the reader's version was recorded, 2026-11-28)."),
         "",
         "Cells are mean ± standard deviation over seeds (a single number: one seed).",
         "",
