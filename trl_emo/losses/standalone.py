@@ -36,15 +36,16 @@ from ._common import (
     check_label_ids,
     check_positive_int,
     check_positive_number,
+    check_token_weights,
     select_positions,
 )
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
-from .registry import ROLES, LossSpec, get_loss
+from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights")
+_INPUTS = ("reference", "cost_embedding", ROLES, "weights", TOKEN_WEIGHTS)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class FusedLinearLoss(torch.nn.Module):
             (`gem_beta=0.7`); unset ones take the loss's defaults. `trl-emo losses` lists each loss's fields and
             `trl_emo.SFTConfig`'s docstring documents them.
 
-    Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
+    Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None, weights=None,
     return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
     """
 
@@ -258,9 +259,10 @@ class FusedLinearLoss(torch.nn.Module):
         *,
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
+        weights: torch.Tensor | None = None,
         return_stats: bool = False,
     ) -> torch.Tensor | FusedLinearLossOutput:
-        """The loss, `Σ_t ℓ_t / N` over the positions with a target.
+        """The loss, `Σ_t w_t ℓ_t / N` over the positions with a target (`w_t = 1` without `weights`).
 
         Args:
             hidden: the model's final hidden states (after the final norm: what the head multiplies),
@@ -276,11 +278,18 @@ class FusedLinearLoss(torch.nn.Module):
                 `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
                 computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
                 `eksft_ratio=0`).
+            weights: per-token loss weights, a tensor shaped like `labels` (each label's weight, non-negative): the
+                weight multiplies its token's term and gradient (for a loss that selects tokens, EKSFT, it weighs the
+                token in the selection's means: docs/losses.md), 0 leaves the token out like `ignore_index`, and `N`
+                defaults to the sum of the weights of the target tokens. Weights of 1 give the unweighted loss bit for
+                bit. With gradient accumulation pass `num_items_in_batch`, the sum of the weights of the step.
             return_stats: return a `FusedLinearLossOutput` (the loss and per-position statistics) instead of the
                 loss alone.
         """
         spec, hparams = self.spec, self.hyperparameters
         _check_layout(hidden, weight, labels, self.shift_labels, bias, reference)
+        if weights is not None:
+            check_token_weights(weights, labels)
         vocab = weight.shape[0]
         if spec.validate_vocab is not None and self._vocab_checked != vocab:
             spec.validate_vocab(hparams, vocab)
@@ -291,6 +300,7 @@ class FusedLinearLoss(torch.nn.Module):
             label_rows=spec.reads_label_rows(hparams),
             ignore_index=self.ignore_index,
             device=weight.device,
+            weights=weights,
         )
         check_label_ids(positions.targets, vocab)
         kwargs = dict(hparams)
@@ -322,6 +332,7 @@ class FusedLinearLoss(torch.nn.Module):
             transform=self.transform,
             backend=self.backend,
             fp32_weight_grad=self.fp32_head_grad,
+            weights=positions.weights,
         )
         if not return_stats:
             return out.loss
@@ -337,6 +348,7 @@ def fused_lm_loss(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
+    weights: torch.Tensor | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
@@ -376,4 +388,4 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   return_stats=return_stats)
+                   weights=weights, return_stats=return_stats)
