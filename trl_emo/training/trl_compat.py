@@ -369,8 +369,8 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
 
     Repeats `SFTTrainer.__init__`'s choice of the training chat template (`assistant_only_loss` with a template
     without `{% generation %}` markers) and of the completion-only loss (on for prompt/completion rows unless set),
-    then calls `SFTTrainer._prepare_dataset` with a stand-in for the trainer holding the three attributes it reads
-    (TRL 1.16 `trl/trainer/sft_trainer.py`). With `packing`, the first `n` rows are packed as the trainer packs them
+    then calls `SFTTrainer._prepare_dataset` (`prepare_weighted_dataset` for a dataset with per-token weights) with a
+    stand-in for the trainer holding the three attributes it reads (TRL 1.16 `trl/trainer/sft_trainer.py`). With `packing`, the first `n` rows are packed as the trainer packs them
     (a plain-text dry run shows the blocks that train), and the first `n` blocks returned.
     """
     from trl import SFTTrainer as TRLSFTTrainer
@@ -390,10 +390,12 @@ def prepare_sft_examples(dataset, tokenizer, training_args, n: int):
 
         raise ConfigError("assistant_only_loss=True needs conversational data, but the formatted dataset is not.")
     stand_in = types.SimpleNamespace(_tokenizer=tokenizer, completion_only_loss=completion_only, chat_template=chat_template)
-    # Packed like the trainer packs them, so a plain-text dry run shows the blocks that train.
-    prepared = TRLSFTTrainer._prepare_dataset(
-        stand_in, rows, tokenizer, training_args, training_args.packing, None, "dry-run"
-    )
+    # Packed like the trainer packs them, so a plain-text dry run shows the blocks that train; per-token weights laid
+    # on the tokens as the trainer lays them (`trl_emo.SFTTrainer._prepare_dataset`).
+    from ..data.token_weights import carries_weights
+
+    prepare = prepare_weighted_dataset if carries_weights(rows) else TRLSFTTrainer._prepare_dataset
+    prepared = prepare(stand_in, rows, tokenizer, training_args, training_args.packing, None, "dry-run")
     return prepared.select(range(min(n, len(prepared))))
 
 
