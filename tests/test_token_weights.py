@@ -193,3 +193,20 @@ def test_row_kernels_take_weights_and_a_head_adapter(name, hp, small_blocks):
     assert torch.equal(ones.loss, plain.loss)
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(ones.loss, params[:3]),
                                                   torch.autograd.grad(plain.loss, params[:3])))
+
+
+def test_the_framework_free_api_takes_a_lora_head_and_weights():
+    """`FusedLinearLoss(..., lora=(A, B, scaling), weights=...)` equals the logits path (PEFT's LoRA forward)."""
+    hidden, weight, _, lora_a, lora_b, labels, weights, ref_weight, cost = make(seed=3)
+    weight.requires_grad_(False)  # a LoRA'd head is frozen
+    params = (hidden, lora_a, lora_b)
+    want = logits_path("gem", default_hparams("gem"), hidden, weight, None, (lora_a, lora_b), labels, weights,
+                       ref_weight, cost)
+    want_grads = torch.autograd.grad(want, params)
+    got = FusedLinearLoss("gem", chunk_size=6, logit_scale=0.9, softcap=5.0)(
+        hidden, weight, labels, lora=(lora_a, lora_b, SCALING), weights=weights)
+    assert rel(got, want) < 1e-5
+    assert all(rel(a, b) < 1e-5 for a, b in zip(torch.autograd.grad(got, params), want_grads))
+    with pytest.raises(ValueError, match="lora must be") as info:
+        FusedLinearLoss("gem")(hidden, weight, labels, lora=(lora_b, lora_a, SCALING))
+    assert "\n" not in str(info.value)

@@ -41,7 +41,7 @@ from ._common import (
 )
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
-from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
+from .fused import BACKENDS, FusedLossOutput, HeadAdapter, HeadTransform, fused_linear_loss
 from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
@@ -150,6 +150,20 @@ def _check_layout(hidden, weight, labels, shift_labels: bool, bias, reference) -
                              f"hidden {tuple(hidden.shape)}.")
 
 
+def _check_lora(lora, weight) -> tuple:
+    ok = isinstance(lora, (tuple, list)) and len(lora) == 3
+    lora_a, lora_b, scaling = lora if ok else (None, None, None)
+    ok = ok and isinstance(lora_a, torch.Tensor) and isinstance(lora_b, torch.Tensor) and lora_a.dim() == 2
+    ok = ok and lora_b.dim() == 2 and lora_a.shape[0] == lora_b.shape[1] and lora_a.shape[1] == weight.shape[1]
+    ok = ok and lora_b.shape[0] == weight.shape[0] and isinstance(scaling, (int, float)) and not isinstance(scaling, bool)
+    if not ok:
+        raise ValueError(
+            f"lora must be (A [r, {weight.shape[1]}], B [{weight.shape[0]}, r], scaling), PEFT's lora_A.weight, "
+            "lora_B.weight and scaling of the head's adapter."
+        )
+    return lora_a, lora_b, float(scaling)
+
+
 class FusedLinearLoss(torch.nn.Module):
     """A registered loss computed from the final hidden states and the output embedding, never the full logits.
 
@@ -179,7 +193,7 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None, weights=None,
-    return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
+    lora=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
     """
 
     def __init__(
@@ -260,6 +274,7 @@ class FusedLinearLoss(torch.nn.Module):
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
         weights: torch.Tensor | None = None,
+        lora: tuple | None = None,
         return_stats: bool = False,
     ) -> torch.Tensor | FusedLinearLossOutput:
         """The loss, `Σ_t w_t ℓ_t / N` over the positions with a target (`w_t = 1` without `weights`).
@@ -283,6 +298,10 @@ class FusedLinearLoss(torch.nn.Module):
                 token in the selection's means: docs/losses.md), 0 leaves the token out like `ignore_index`, and `N`
                 defaults to the sum of the weights of the target tokens. Weights of 1 give the unweighted loss bit for
                 bit. With gradient accumulation pass `num_items_in_batch`, the sum of the weights of the step.
+            lora: a LoRA adapter on the head, `(A [r, H], B [V, r], scaling)` (PEFT's `lora_A.weight`,
+                `lora_B.weight`, `scaling`; `weight` is then the frozen base head): the logits are
+                `h W^T + scaling · (h A^T) B^T`, chunk by chunk, and `A` and `B` get their gradients. No dropout
+                here (PEFT's `lora_dropout` is applied by `trl_emo.SFTTrainer`, which runs PEFT's own dropout).
             return_stats: return a `FusedLinearLossOutput` (the loss and per-position statistics) instead of the
                 loss alone.
         """
@@ -319,8 +338,13 @@ class FusedLinearLoss(torch.nn.Module):
             raise ValueError(f"loss {spec.name!r} reads no reference model; drop reference=.")
         if positions.roles is not None:
             kwargs[ROLES] = positions.roles
+        rows = positions.take(hidden.to(weight.device))
+        adapter = None
+        if lora is not None:
+            lora_a, lora_b, scaling = _check_lora(lora, weight)
+            adapter = HeadAdapter((rows @ lora_a.to(rows.dtype).t()) * scaling, lora_b)
         out = fused_linear_loss(
-            positions.take(hidden.to(weight.device)),
+            rows,
             weight,
             positions.targets,
             spec,
@@ -333,6 +357,7 @@ class FusedLinearLoss(torch.nn.Module):
             backend=self.backend,
             fp32_weight_grad=self.fp32_head_grad,
             weights=positions.weights,
+            adapter=adapter,
         )
         if not return_stats:
             return out.loss
@@ -349,6 +374,7 @@ def fused_lm_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
     weights: torch.Tensor | None = None,
+    lora: tuple | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
@@ -388,4 +414,4 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   weights=weights, return_stats=return_stats)
+                   weights=weights, lora=lora, return_stats=return_stats)
