@@ -304,18 +304,22 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     sync()
     first = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _peak_rss_bytes()) - base
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
         hidden.grad = weight.grad = None
         sync()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step()
         sync()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     result = {
         "variant": variant,
         "loss": float(loss),
         "seconds": statistics.median(times) if times else first,
+        # The process's CPU time: on a machine shared with other work, with one thread (`--threads 1`), the time
+        # the loss's own arithmetic takes, which the other processes' load leaves nearly alone (wall time does not).
+        "cpu_seconds": statistics.median(cpu_times) if cpu_times else None,
         "first_seconds": first,
         "peak_extra_bytes": int(peak),
     }
@@ -370,8 +374,10 @@ def machine_description(device) -> str:
     return f"{cpu}, {cores} cores, torch {torch.__version__} (CPU)"
 
 
-def format_table(size, rows) -> str:
+def format_table(size, rows, clock: str = "wall") -> str:
     tokens, vocab, hidden = size
+    if clock == "cpu":  # the same table on the process's CPU time
+        rows = [{**r, "seconds": r["cpu_seconds"]} if r.get("cpu_seconds") is not None else r for r in rows]
     base = next((r for r in rows if r["variant"] == "trl_nll" and "seconds" in r), None)
     liger = next((r for r in rows if r["variant"] == "liger_nll" and "seconds" in r), None)
     accuracy = any("loss_rel_error" in r for r in rows)
@@ -425,6 +431,9 @@ def main(argv=None):
     parser.add_argument("--fp32-weight-grad", action="store_true", help="float32 head-gradient accumulator")
     parser.add_argument("--accuracy", action="store_true", help="also measure errors against float64")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="time the table shows: wall time, or the process's CPU time (a shared machine; with "
+                        "--threads 1)")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS and not split_variant(v)[1]]
@@ -444,7 +453,7 @@ def main(argv=None):
     command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
           f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; median of {args.repeats} "
-          "forward+backward calls after the first.\n",
+          f"forward+backward calls after the first; {'CPU' if args.clock == 'cpu' else 'wall'} time.\n",
           flush=True)
     raw = {}
     for size_text in args.sizes:
@@ -454,7 +463,7 @@ def main(argv=None):
             rows.append(run_isolated(variant, size, args))
             print(f"  {size_text} {variant}: {rows[-1]}", file=sys.stderr, flush=True)
         raw[size_text] = rows
-        print(format_table(size, rows) + "\n", flush=True)
+        print(format_table(size, rows, args.clock) + "\n", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": machine_description(args.device), "command": command, "date": date.today().isoformat(),
