@@ -18,6 +18,7 @@ from trl_emo.losses.fused import HeadAdapter, HeadTransform
 from trl_emo.losses.registry import ROLES, TOKEN_WEIGHTS, token_weight_rows
 
 from loss_cases import case_id, cases, default_hparams
+from test_fused import hparams_for
 
 B, T, H, V, R = 3, 13, 16, 97, 4
 CASES = cases()
@@ -44,21 +45,12 @@ def make(seed=0, bias=False):
     return hidden, weight, b, lora_a, lora_b, labels, weights, ref_weight, cost
 
 
-def loss_kwargs(spec, hp, cost, reference):
-    out = dict(hp)
-    if spec.uses_cost_embedding:
-        out["cost_embedding"] = cost
-    if spec.needs_reference:
-        out["reference"] = reference
-    return out
-
-
 def fused(name, hp, hidden, weight, bias, lora, labels, weights, ref_weight, cost, backend="torch", chunk_size=7):
     """The fused path as the trainer runs it: positions selected with their weights, the adapter's rows."""
     spec = get_loss(name)
     positions = select_positions(labels, label_rows=spec.reads_label_rows(hp), weights=weights)
     rows = positions.take(hidden)
-    kwargs = loss_kwargs(spec, hp, cost, ReferenceHead(rows.detach(), ref_weight))
+    kwargs = hparams_for(name, hp, cost, ReferenceHead(rows.detach(), ref_weight))
     if positions.roles is not None:
         kwargs[ROLES] = positions.roles
     adapter = None if lora is None else HeadAdapter(SCALING * rows @ lora[0].t(), lora[1])
@@ -76,7 +68,7 @@ def logits_path(name, hp, hidden, weight, bias, lora, labels, weights, ref_weigh
         y = y + bias
     z = 5.0 * torch.tanh(0.9 * y / 5.0)
     positions = select_positions(labels, label_rows=spec.reads_label_rows(hp), weights=weights)
-    kwargs = loss_kwargs(spec, hp, cost, positions.take(hidden @ ref_weight.t()).detach())
+    kwargs = hparams_for(name, hp, cost, positions.take(hidden @ ref_weight.t()).detach())
     if positions.roles is not None:
         kwargs[ROLES] = positions.roles
     w = positions.weights
