@@ -170,9 +170,9 @@ def test_dpo_names_the_model_and_an_adapters_base(local, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--policies", "ce=nobody/policy"], "error: policies[ce]: 'nobody/policy' is no local folder"),
-        (["--reward_model", "nobody/rm"], "error: reward_model: 'nobody/rm' is no local folder"),
-        (["--prompts", "nobody/prompts"], "error: prompts: 'nobody/prompts' is no local file or folder"),
+        (["--policies", "ce=nobody/policy"], "trl_emo.evaluate: error: policies[ce]: 'nobody/policy' is no local folder"),
+        (["--reward_model", "nobody/rm"], "trl_emo.evaluate: error: reward_model: 'nobody/rm' is no local folder"),
+        (["--prompts", "nobody/prompts"], "trl_emo.evaluate: error: prompts: 'nobody/prompts' is no local file or folder"),
     ],
 )
 def test_evaluation_names_the_field(local, tmp_path, capsys, extra, message):

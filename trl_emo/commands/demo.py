@@ -268,7 +268,7 @@ def run(argv=None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status."""
     from .command_line import run_command
 
-    return run_command(make_parser, main, argv)
+    return run_command(make_parser, main, argv, error_prefix="trl-emo demo")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from .command_line import CommandLine, check_parsed, run_command
+from .command_line import CommandLine, check_parsed, one_line, run_command
 from ..core.errors import ConfigError
 from ..evaluation.config import EvalConfig
 from ..evaluation.errors import EvaluationError
@@ -62,7 +62,7 @@ def main(args: CommandLine) -> int:
 
         run_evaluation(config)
     except (ConfigError, EvaluationError, SourceError, HubAccessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{NAME}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     with open(f"{config.output_dir}/summary.md", encoding="utf-8") as handle:
         print(handle.read())
@@ -75,7 +75,7 @@ def main(args: CommandLine) -> int:
 
 def run(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status. `--list_tasks` prints the tasks."""
-    return run_command(make_parser, main, argv)
+    return run_command(make_parser, main, argv, error_prefix=NAME)
 
 
 if __name__ == "__main__":
