@@ -124,6 +124,7 @@ def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_to
 
     from ..data import alpaca_prompt, resolve_prompt_format
     from ..data.prompts import user_content
+    from ..core.optional import SACREBLEU
     from ..evaluation.metrics import ngram_diversity, self_bleu_diversity
     from ..training.heldout import heldout_statistics, prepare_rows
     from ..models.sources import load_causal_lm, load_tokenizer
@@ -154,7 +155,8 @@ def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_to
                                  pad_token_id=tokenizer.pad_token_id)
         groups.append(tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True))
     distinct = sum(ngram_diversity(g) for g in groups) / len(groups)
-    bleu_values = [v for v in (self_bleu_diversity(g) for g in groups) if v is not None]
+    # Self-BLEU is sacrebleu's (the `eval` extra): without it the column shows "—" and the table says what to install.
+    bleu_values = [v for v in (self_bleu_diversity(g) for g in groups) if v is not None] if SACREBLEU.installed() else []
     return {
         "held_out_cross_entropy": heldout["cross_entropy"],
         "held_out_entropy": heldout["entropy"],
@@ -176,10 +178,15 @@ def format_table(results: dict, seconds: dict) -> str:
     width = max(len(label) for label, _, _ in rows) + 2
     lines = [" " * width + "".join(f"{name:>12}" for name in names)]
     for label, key, fmt in rows:
-        cells = "".join(f"{(fmt.format(results[n][key]) if results[n][key] is not None else 'n/a'):>12}" for n in names)
+        cells = "".join(f"{(fmt.format(results[n][key]) if results[n][key] is not None else '—'):>12}" for n in names)
         lines.append(f"{label:<{width}}{cells}")
     lines.append(f"{'training time (s)':<{width}}"
                  + "".join(f"{seconds[n]:>12.0f}" if seconds.get(n) is not None else f"{'—':>12}" for n in names))
+    if any(results[n]["self_bleu_diversity"] is None for n in names):
+        from ..core.optional import SACREBLEU
+
+        if not SACREBLEU.installed():
+            lines.append(f"(—: self-BLEU needs sacrebleu: pip install 'trl-emo[{SACREBLEU.extra}]')")
     return "\n".join(lines)
 
 

@@ -79,10 +79,10 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
     target = Path(cache_dir or DEFAULT_CACHE) / "models" / f"{gguf_path.stem}-{_file_key(gguf_path)}"
     if (target / STAMP).is_file():
         return str(target)
-    try:
-        import gguf  # noqa: F401  (transformers' GGUF reader needs it; fail here with the fix, not deep inside)
-    except ImportError:
-        raise RealModelUnavailable("Reading a GGUF file needs the `gguf` package: `pip install gguf`.") from None
+    from ..core.optional import GGUF
+
+    if not GGUF.installed():  # transformers' GGUF reader needs it; fail here with the fix, not deep inside
+        raise RealModelUnavailable(GGUF.message())
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
