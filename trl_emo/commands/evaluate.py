@@ -7,6 +7,7 @@ and flags into one `EvalConfig`); `run(argv)` does both and returns the exit sta
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -51,11 +52,13 @@ def main(args: CommandLine) -> int:
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     """
     from ..core.errors import HubAccessError
+    from ..core.logs import setup_command_logging
     from ..core.noise import quiet_optional_packages
     from ..models.sources import SourceError
 
     check_parsed(args, NAME)
     quiet_optional_packages()
+    setup_command_logging(logging.INFO)
     (config,) = args.values
     try:
         from ..evaluation.pipeline import run_evaluation

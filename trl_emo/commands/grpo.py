@@ -57,8 +57,13 @@ def _build_trainer(grpo_run):
 
     from ..training.checkpoints import with_atomic_checkpoints
 
-    return build_trainer(with_atomic_checkpoints(GRPOTrainer), grpo_run, grpo_run.policy,
-                         reward_funcs=grpo_run.reward_funcs)
+    from ..training.reward_signal import RewardNeverFires
+
+    trainer = build_trainer(with_atomic_checkpoints(GRPOTrainer), grpo_run, grpo_run.policy,
+                            reward_funcs=grpo_run.reward_funcs)
+    # A reward that never fires trains nothing, silently in TRL's log: warn once (trl_emo.training.reward_signal).
+    trainer.add_callback(RewardNeverFires([getattr(f, "__name__", str(f)) for f in grpo_run.reward_funcs]))
+    return trainer
 
 
 def _save(trainer, grpo_run) -> None:

@@ -83,12 +83,15 @@ def run_training(command: TrainingCommand, args: CommandLine) -> int:
     from ..core.errors import ConfigError, HubAccessError
     from ..core.hub import hub_errors
     from ..core.noise import quiet_optional_packages, release_for
+    from ..core.logs import process_log_level, setup_command_logging
     from ..core.optional import require
     from ..training.checkpoints import CheckpointSaveError
     from ..training.finish import end_run
 
     check_parsed(args, command.name)
     quiet_optional_packages()
+    training_args = next(v for v in args.values if hasattr(v, "get_process_log_level"))
+    setup_command_logging(process_log_level(training_args))  # before the data is read: its summary is logged
     try:
         run = command.resolve(args)
         if run.run_args.dry_run:
