@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trl_emo"
-ENTRY_MODULES = {"sft", "dpo", "evaluate", "cli", "real_model", "grpo"}
+ENTRY_MODULES = {"sft", "dpo", "evaluate", "cli", "real_model", "grpo", "samples"}
 
 # Strongly connected components of grimp's module graph (every import statement, inside functions too).
 CYCLES = textwrap.dedent(
