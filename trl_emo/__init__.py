@@ -36,5 +36,10 @@ __all__ = ["SFTConfig", "SFTTrainer", "NonFiniteLossError", "CostEmbedding", "ge
 
 def __getattr__(name):
     if name in _LAZY:
+        from .core.noise import quiet_optional_packages
+
+        # The notices of optional packages the run does not use, held back in the API as in the commands
+        # (trl_emo.core.noise), before the import that would print them.
+        quiet_optional_packages()
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'trl_emo' has no attribute {name!r}")

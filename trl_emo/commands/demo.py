@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,11 @@ def make_parser(subparsers=None, prog: str | None = None):
         parser = subparsers.add_parser("demo", help="GEM vs cross-entropy on a tiny model, offline", **kwargs)
     else:
         parser = argparse.ArgumentParser(prog=prog or "trl-emo demo", **kwargs)
-    parser.add_argument("--output_dir", default="trl_emo_demo", help="Where the data, models and summary go.")
+    parser.add_argument("--output_dir", default=None, help="Where the data, models and summary go (default "
+                        "trl_emo_demo; with --chain, trl_emo_chain).")
+    parser.add_argument("--chain", action="store_true", help="The whole chain on the bundled samples: SFT with each "
+                        "loss, DPO, a reward model built on the fly, best-of-n under it, GRPO on verifiable problems, "
+                        "evaluation; each stage through its command, printed (a few minutes on the tiny model).")
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
                         help="Fine-tune this pretrained model instead of a tiny one trained from scratch: a Hub id, a "
                         "local model folder or a .gguf file (e.g. `\"$(python -m trl_emo.real_model)\"`: "
@@ -192,12 +197,25 @@ def format_table(results: dict, seconds: dict) -> str:
 
 def main(args) -> int:
     """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
+    from ..core.hub import offline_unless_hub
+    from ..core.logs import setup_command_logging
     from ..core.noise import quiet_optional_packages
     from .recipes import RecipeNotFound
-    from ..core.hub import offline_unless_hub
 
     quiet_optional_packages()
+    setup_command_logging(logging.INFO)
     offline_unless_hub(args.model)  # the tiny model, a local folder or .gguf file need no Hub
+    if args.model is not None and not args.model.strip():
+        print("trl-emo demo: error: --model is empty (did `$(python -m trl_emo.real_model)` fail? It prints what to "
+              "install); give a local model folder, a .gguf file or a Hub id, or leave --model out for the tiny model.",
+              file=sys.stderr)
+        return 2
+    if args.chain:
+        from .chain import main as chain
+
+        args.output_dir = args.output_dir or "trl_emo_chain"
+        return chain(args)
+    args.output_dir = args.output_dir or "trl_emo_demo"
     try:
         args = resolve_settings(args)
     except RecipeNotFound as exc:
