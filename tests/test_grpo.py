@@ -23,7 +23,7 @@ from trl_emo.commands import grpo, sft
 from trl_emo.evaluation.rewards import REWARDS, completion_text, format_reward, gsm8k_answer, math_answer
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))
+RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))  # the paper's (demo_grpo: the chain's test, test_commands)
 
 
 def chat(text):
