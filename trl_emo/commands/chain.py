@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 # Optimizer steps per stage (`--max_steps` sets them all); the SFT stage takes the recipe's own with --model.
-STEPS = {"sft": 120, "dpo": 20, "reward_model": 60, "grpo": 10}
+STEPS = {"sft": 60, "dpo": 20, "reward_model": 60, "grpo": 8}
 QUICK_STEPS = 2
 EVAL = {"n": 4, "max_prompts": 8, "max_new_tokens": 48}
 QUICK_EVAL = {"n": 2, "max_prompts": 2, "max_new_tokens": 16}
@@ -42,9 +42,11 @@ def _run(stage: str, module, argv: list[str]) -> None:
     """Run a command in this process as `trl-emo <stage> ...` would; a failure stops the chain with its status."""
     _say(f"{stage}: trl-emo {module.__name__.rsplit('.', 1)[-1].replace('evaluate', 'eval')} "
          + " ".join(shlex.quote(a) for a in argv))
+    start = time.time()
     status = module.run(argv)
     if status:
         raise SystemExit(status)
+    _say(f"{stage}: done in {time.time() - start:.0f} s")
 
 
 def sample_texts() -> list[str]:
@@ -121,10 +123,9 @@ def main(args) -> int:
     preferences, problems = ultrafeedback_sample_path(), gsm8k_sample_path()
     _say(f"bundled samples: {preferences} (UltraFeedback schema), {problems} (GSM8K schema)")
     if args.model is None:
-        from ..models.tiny import save_tiny_causal_lm
-        from .demo import MODEL_SIZE
+        from ..models.tiny import DEMO_MODEL_SIZE, save_tiny_causal_lm
 
-        model = save_tiny_causal_lm(sample_texts(), vocab_size=1024, chat_template=True, seed=0, **MODEL_SIZE)
+        model = save_tiny_causal_lm(sample_texts(), vocab_size=1024, chat_template=True, seed=0, **DEMO_MODEL_SIZE)
         sft_recipe, peft = "demo", []
         _say(f"model: a tiny chat Llama trained from scratch, cached in {model}")
     else:

@@ -18,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from ..models.tiny import DEMO_MODEL_SIZE as MODEL_SIZE  # the demo's tiny Llama (the chain's too)
+
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
 DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/commands/recipes.py)
 PRETRAINED_RECIPE = "demo_pretrained"  # with --model: LoRA on a pretrained model
 DEFAULTS = dict(max_steps=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=48)  # max_steps: the recipe's
 # `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
 QUICK = dict(max_steps=3, num_prompts=2, samples_per_prompt=2, max_new_tokens=8)
-MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
 
 
 def make_parser(subparsers=None, prog: str | None = None):
