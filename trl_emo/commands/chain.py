@@ -129,13 +129,11 @@ def main(args) -> int:
         sft_recipe, peft = "demo", []
         _say(f"model: a tiny chat Llama trained from scratch, cached in {model}")
     else:
-        from ..models.hub_ids import check_hub_ids
-        from ..models.real_model import RealModelUnavailable, resolve_model
+        from ..models.real_model import RealModelUnavailable, pretrained_model
 
-        check_hub_ids({"--model": args.model})
         try:
-            model = resolve_model(args.model)
-        except (RealModelUnavailable, FileNotFoundError, ValueError) as exc:
+            model = pretrained_model(args.model)
+        except RealModelUnavailable as exc:
             print(f"trl-emo demo: error: {exc}", file=sys.stderr)
             return 2
         sft_recipe, peft = "demo_pretrained", LORA

@@ -235,14 +235,11 @@ def main(args) -> int:
         )
         print(f"[demo] model: tiny Llama ({MODEL_SIZE['hidden_size']} hidden, {MODEL_SIZE['num_hidden_layers']} layers), cached in {model_path}")
     else:
-        from ..models.hub_ids import check_hub_ids
-        from ..models.real_model import RealModelUnavailable, resolve_model
+        from ..models.real_model import RealModelUnavailable, pretrained_model
 
-        # A Hub id that cannot be loaded (offline and not cached, gated, not found) is one line before any work.
-        check_hub_ids({"--model": args.model})
-        try:
-            model_path = resolve_model(args.model)
-        except (RealModelUnavailable, FileNotFoundError, ValueError) as exc:
+        try:  # a Hub id that cannot be loaded, a bad .gguf file: one line before any work
+            model_path = pretrained_model(args.model)
+        except RealModelUnavailable as exc:
             print(f"trl-emo demo: error: {exc}", file=sys.stderr)
             return 2
     recipe = recipe_settings(args.recipe)

@@ -142,6 +142,19 @@ def resolve_model(name: str | None, progress: bool = True) -> str:
     return name
 
 
+def pretrained_model(name: str) -> str:
+    """`--model` of the demos as a `from_pretrained` path: a Hub id checked first (offline and not cached, gated, not
+    found: one line before any work, `HubAccessError`), a `.gguf` file converted; what cannot be used raises
+    `RealModelUnavailable` with the one line to print."""
+    from .hub_ids import check_hub_ids
+
+    check_hub_ids({"--model": name})
+    try:
+        return resolve_model(name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise RealModelUnavailable(str(exc)) from None
+
+
 def main(argv=None) -> int:
     """`python -m trl_emo.real_model`: print the converted SmolLM2 folder (converting it on first use)."""
     import argparse
