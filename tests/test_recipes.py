@@ -13,9 +13,11 @@ from trl_emo.commands import dpo, sft
 from trl_emo.commands.dry_run import MASK_CLOSE, MASK_OPEN
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("dpo_", "eval_", "grpo_")))  # GRPO: test_grpo
+# GRPO recipes (grpo_*, demo_grpo): test_grpo; the chain's DPO stage (demo_dpo) is a DPO recipe.
+SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml")
+                     if not p.name.startswith(("dpo_", "eval_", "grpo_")) and p.stem not in ("demo_dpo", "demo_grpo"))
 EVAL_RECIPES = sorted(RECIPES.glob("eval_*.yaml"))
-DPO_RECIPES = sorted(RECIPES.glob("dpo_*.yaml"))
+DPO_RECIPES = sorted([*RECIPES.glob("dpo_*.yaml"), RECIPES / "demo_dpo.yaml"])
 
 
 @pytest.fixture(scope="module")
