@@ -17,7 +17,8 @@ Variants (`--variants`):
                   states and head are inputs like the policy's: its own memory is reported apart,
                   as `reference_model_bytes`; the loss's peak counts its reference-logits buffer),
                   sed (threshold 0.9: the trainer calibrates it), eksft (the paper's formula; its reference as
-                  ASFT's), eksft_authors (the authors' formula on the target rows).
+                  ASFT's), eksft_authors (the authors' formula on the target rows), psft (an old policy as
+                  ASFT's reference), curio_sft (a teacher as ASFT's reference, top-512 temperature search).
                   Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
@@ -47,7 +48,8 @@ from datetime import date
 
 VARIANTS = [
     "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
-    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "trl_gem_tempered",
+    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "psft", "curio_sft",
+    "trl_gem_tempered",
     "logits_gem", "logits_emo",
 ]
 # Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
@@ -70,6 +72,10 @@ LOSS_VARIANTS = {
     "sed": ("sed", {"threshold": 0.9}),
     "eksft": ("eksft", {}),
     "eksft_authors": ("eksft", {"formula": "authors"}),
+    # The old policy's / the teacher's hidden states and head as the reference (PSFT: an old policy other than the
+    # current model, as on 7 of every 8 steps; CurioSFT: its teacher, the top 512 logits of each row searched).
+    "psft": ("psft", {}),
+    "curio_sft": ("curio_sft", {}),
 }
 
 
@@ -240,7 +246,7 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
     reference = None
-    if variant in ("asft", "eksft", "eksft_authors"):
+    if variant in ("asft", "eksft", "eksft_authors", "psft", "curio_sft"):
         # ASFT's (and EKSFT's) reference model at the target positions: its hidden states and head (persistent
         # inputs like the policy's, excluded from the loss's peak and reported on their own).
         from trl_emo.losses.asft import ReferenceHead

@@ -45,6 +45,11 @@ VARIANTS = {
     "emo": {"loss_type": "emo"},
     "sed": {"loss_type": "sed"},
     "eksft": {"loss_type": "eksft"},
+    # At their authors' defaults: PSFT's old policy every 8 steps, CurioSFT's teacher mixed every 5 (each timed step
+    # after the first runs the old policy's / teacher's forward: the first step of a window, which needs none, is in the
+    # warm-up with `--warmup 1`).
+    "psft": {"loss_type": "psft"},
+    "curio_sft": {"loss_type": "curio_sft"},
     "emo_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head"},
     "gem_logits": {"loss_type": "gem", "loss_implementation": "logits"},
     "emo_logits": {"loss_type": "emo", "loss_implementation": "logits"},
@@ -148,7 +153,17 @@ def worker(args) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     return {"variant": args.variant, "liger": args.liger, "qlora": args.qlora, "step_seconds": statistics.median(steps),
-            "steps_timed": len(steps), "peak_bytes": int(peak), "last_loss": losses[-1] if losses else None}
+            "steps_timed": len(steps), "peak_bytes": int(peak), "last_loss": losses[-1] if losses else None,
+            "state_bytes": _state_bytes(trainer)}
+
+
+def _state_bytes(trainer) -> int:
+    """What the loss keeps beside the model: a reference model's weights (a frozen copy; 0 with the adapters off), PSFT's
+    old policy or CurioSFT's teacher (the trainable tensors: the adapters under LoRA)."""
+    if trainer._lagged is not None:
+        return trainer._lagged.nbytes
+    model = getattr(trainer._reference, "model", None)
+    return sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
 
 
 def _tokenizer_stub(config):
@@ -174,16 +189,17 @@ def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
 
 
 def format_table(rows) -> str:
-    lines = ["| variant | Liger | QLoRA | step (s) | step / TRL nll | peak memory (GiB) |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| variant | Liger | QLoRA | step (s) | step / TRL nll | peak memory (GiB) | loss state (MiB) |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | failed: {r['error'][:80]} | | |")
+            lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | failed: {r['error'][:80]} | | | |")
             continue
         base = next((b for b in rows if b["variant"] == "nll" and b["liger"] == r["liger"] and b["qlora"] == r["qlora"]
                      and "step_seconds" in b), None)
         ratio = f"{r['step_seconds'] / base['step_seconds']:.2f}" if base else "—"
         lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | {r['step_seconds']:.3f} | {ratio} | "
-                     f"{r['peak_bytes'] / 2**30:.2f} |")
+                     f"{r['peak_bytes'] / 2**30:.2f} | {r.get('state_bytes', 0) / 2**20:.2f} |")
     return "\n".join(lines)
 
 

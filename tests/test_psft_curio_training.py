@@ -171,11 +171,14 @@ def test_under_lora_the_old_policy_and_the_teacher_cost_an_adapter(tmp_path, mak
         assert lagged.nbytes == sum(p.numel() * p.element_size() for p in trainable.values()) < 0.5 * total
         before = {n: p.detach().clone() for n, p in trainable.items()}
         ids = torch.tensor([[5, 9, 12, 30, 7]])
+        model.train()
         with torch.no_grad():
             lagged_logits = lagged.logits(model, {"input_ids": ids})
             policy_logits = model(input_ids=ids).logits
         assert lagged_logits is not None and not torch.allclose(lagged_logits, policy_logits)
-        assert all(torch.equal(p, before[n]) for n, p in trainable.items())  # the policy's adapters are back
+        # The policy's adapters are back, and its training mode (the lagged forward runs in eval mode).
+        assert all(torch.equal(p, before[n]) for n, p in trainable.items())
+        assert all(module.training for module in model.modules())
 
 
 def test_qlora_4bit_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):

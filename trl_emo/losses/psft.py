@@ -34,7 +34,16 @@ import math
 import torch
 
 from ._common import ce_grad_, check_number, check_positive_int, log_softmax, softmax_stats, target_log_prob, upcast
-from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, triton, weighted_ce_grad
+from ._triton import (
+    RowLaunch,
+    register_launch_config,
+    row_inputs,
+    softmax_pass,
+    store_stats,
+    tl,
+    triton,
+    weighted_ce_grad,
+)
 from .asft import ReferenceHead
 from .nll import rows as nll_rows
 from .registry import LossSpec, RowTensors
@@ -42,6 +51,9 @@ from .registry import LossSpec, RowTensors
 # verl clamps the log-ratio "for stability" before the exponential (core_algos.py L863-865).
 LOG_RATIO_CLAMP = 20.0
 METRICS = ("psft_ratio", "psft_clipped")
+# The row kernel's launch configuration, chosen as `_triton.LAUNCH_CONFIGS`' (2,048 columns x 4 warps on every target:
+# 56-64 registers, no spill, 8-9 programs per SM by `python -m trl_emo.losses.aot_compile --losses psft`).
+register_launch_config("psft", {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)})
 
 
 def check(hp: dict) -> None:

@@ -10,8 +10,8 @@ the policy every 5 steps), starting from the starting weights. So only the train
   buffers or a second module).
 
 A forward of the lagged model is the policy's own modules with those tensors swapped in for the call (each parameter's
-`.data`, under `torch.no_grad`, restored afterwards), so it runs the same code, attention implementation, quantized base
-and hooks as the policy. While the lagged weights equal the policy's (PSFT's first step of every window, CurioSFT before
+`.data`, under `torch.no_grad` and in eval mode as verl runs it, restored afterwards), so it runs the same code,
+attention implementation, quantized base and hooks as the policy. While the lagged weights equal the policy's (PSFT's first step of every window, CurioSFT before
 its first update) no forward runs at all: the loss gets `reference=None`, which it reads as the policy itself (exactly:
 the same weights give the same logits).
 
@@ -111,9 +111,13 @@ class LaggedPolicy:
     # -- the forward ---------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _swapped(self):
+        """The lagged tensors in place of the trainable ones, in eval mode (as verl computes the old log-probabilities
+        and the teacher's: without dropout), everything restored afterwards."""
         params = self._parameters()
         current = {}
+        modes = [(module, module.training) for module in self.model.modules()]
         try:
+            self.model.eval()
             for name, param in params.items():
                 current[name] = param.data
                 param.data = self.weights[name]
@@ -121,6 +125,8 @@ class LaggedPolicy:
         finally:
             for name, data in current.items():
                 params[name].data = data
+            for module, training in modes:
+                module.training = training
 
     def _lagged(self, tensor):
         """A head parameter as the lagged model has it (its copy when it trains, the shared tensor when frozen)."""
