@@ -243,7 +243,7 @@ def test_curio_sft_triton_kernels_equal_the_authors_code_and_choose_the_same_tem
     # The search runs the same PyTorch code on both backends: the same temperatures from the same float32 logits.
     _, torch_path = three_ways("curio_sft", hidden, weight, ref_weight, labels, {"topk": 8}, chunk_size=8)
     assert torch.equal(fused.metrics["curio_tau"], torch_path.metrics["curio_tau"])
-    assert torch.allclose(fused.metrics["curio_tau"], tau.float(), atol=1e-6)
+    assert torch.allclose(fused.metrics["curio_tau"], tau.float(), atol=1e-5)  # float32 against their float64
     assert (tau == 1.1).any() and (tau == 1.5).any()
 
 

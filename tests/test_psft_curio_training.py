@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from conftest import cpu_config
+from conftest import cpu_config, four_bit_model
 from trl_emo import SFTConfig, SFTTrainer
 from trl_emo.training import lagged_policy
 from trl_emo.training.lagged_policy import LaggedPolicy
@@ -183,15 +183,7 @@ def test_under_lora_the_old_policy_and_the_teacher_cost_an_adapter(tmp_path, mak
 
 def test_qlora_4bit_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):
     """CurioSFT on a 4-bit base: the teacher is the quantized base with the teacher's adapters swapped in."""
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    make_model(hidden_size=64, intermediate_size=128).save_pretrained(str(tmp_path / "base"))
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "base"), quantization_config=quant, dtype=torch.float32, device_map={"": "cpu"}
-    )
-    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    model, peft_config = four_bit_model(tmp_path / "base", make_model)
     args = cpu_config(tmp_path / "out", loss_type="curio_sft", curio_teacher_sync_steps=1, max_steps=3,
                       learning_rate=1e-2)
     trainer = SFTTrainer(model=model, args=args, train_dataset=pc_dataset, processing_class=tokenizer,

@@ -76,32 +76,45 @@ def check(hp: dict) -> None:
 # -- the teacher's temperature and target log-probability (no gradient) ----------------------------------------------
 
 
-def _topk_entropy(top: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(top / tau, dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+def _entropies(x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(x / τ) per row, `x` a row's values minus its max (`[n, k]`, all ≤ 0), `τ` per row `[n]`:
+    `log Σ e − Σ e·x / (τ Σ e)` with `e = exp(x / τ)`, three passes over the values where a log-softmax takes more."""
+    e = torch.exp(x / tau[:, None])
+    total = e.sum(dim=-1)
+    return torch.log(total) - torch.linalg.vecdot(e, x) / (tau * total)
 
 
 @torch.no_grad()
 def temperatures(top: torch.Tensor, tau_min: float, tau_max: float) -> torch.Tensor:
-    """Per row of the teacher's top-k logits `[n, k]` (descending, in any float dtype), the authors' bisection iterate:
-    the bracket starts at `[τ_min, τ_max]` (pinned at an end when the target entropy lies beyond it) and is halved 20
-    times toward the τ at which the top-k entropy reaches `H*`. The same operations in the same order as theirs, so
-    the comparisons go the same way on the same values."""
+    """Per row of the teacher's top-k logits `[n, k]` (in any float dtype), the authors' bisection iterate: the bracket
+    starts at `[τ_min, τ_max]` (τ pinned at an end when the target entropy `H*` lies beyond it) and is halved 20 times
+    toward the τ at which the top-k entropy reaches `H*`, comparing as theirs (`<=`, `>=`, `<`).
+
+    A row pinned for good (`H* ≤ H(τ_min)`: every step keeps τ_min; `H* > H(τ_max)`: every step keeps τ_max) skips the
+    20 steps, whose result is then exactly its start; the others run them. The same values in the same order give the
+    same comparisons on both backends; against their log-softmax, the entropy here differs by rounding only."""
     n = top.shape[0]
     like = dict(device=top.device, dtype=top.dtype)
-    h_now = _topk_entropy(top, torch.ones(n, 1, **like))
+    x = top - top.max(dim=-1, keepdim=True).values
+    h_now = _entropies(x, torch.ones(n, **like))
     h_star = h_now + torch.sigmoid((h_now - TARGET_CENTER) * TARGET_SLOPE) * TARGET_SCALE
-    lo = torch.full((n, 1), tau_min, **like)
-    hi = torch.full((n, 1), tau_max, **like)
-    h_lo, h_hi = _topk_entropy(top, lo), _topk_entropy(top, hi)
-    tau = torch.where(h_star <= h_lo, lo[:, 0], torch.where(h_star >= h_hi, hi[:, 0], (lo[:, 0] + hi[:, 0]) / 2))
-    tau = tau[:, None]
-    for _ in range(BISECTION_STEPS):
-        go_up = (_topk_entropy(top, tau) < h_star)[:, None]
-        lo = torch.where(go_up, tau, lo)
-        hi = torch.where(go_up, hi, tau)
-        tau = (lo + hi) / 2
-    return tau[:, 0]
+    lo = torch.full((n,), tau_min, **like)
+    hi = torch.full((n,), tau_max, **like)
+    h_lo, h_hi = _entropies(x, lo), _entropies(x, hi)
+    low = h_star <= h_lo
+    high = ~low & (h_star >= h_hi)
+    tau = torch.where(low, lo, torch.where(high, hi, (lo + hi) / 2))
+    # `H* = H(τ_max)` exactly is not pinned: their first step then halves the bracket from τ_max.
+    searched = (~low & ~(high & (h_hi < h_star))).nonzero().squeeze(-1)
+    if searched.numel():
+        xs, target, t, lo, hi = x[searched], h_star[searched], tau[searched], lo[searched], hi[searched]
+        for _ in range(BISECTION_STEPS):
+            go_up = _entropies(xs, t) < target
+            lo = torch.where(go_up, t, lo)
+            hi = torch.where(go_up, hi, t)
+            t = (lo + hi) / 2
+        tau[searched] = t
+    return tau
 
 
 @torch.no_grad()

@@ -12,8 +12,8 @@ loss.backward()
 
 Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
 reference model's hidden states and head (ASFT, EKSFT; PSFT's old policy, CurioSFT's teacher) and PSFT's old
-log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`),
-never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
+log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`), never the whole `[tokens, vocab]`
+logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
 transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
 
 The hyper-parameters are the loss's keywords (`beta`, or its `SFTConfig` field name `gem_beta`), their defaults the
@@ -179,7 +179,8 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
-    old_log_probs=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
+    old_log_probs=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming
+    it and the fix.
     """
 
     def __init__(

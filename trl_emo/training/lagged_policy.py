@@ -11,9 +11,9 @@ the policy every 5 steps), starting from the starting weights. So only the train
 
 A forward of the lagged model is the policy's own modules with those tensors swapped in for the call (each parameter's
 `.data`, under `torch.no_grad` and in eval mode as verl runs it, restored afterwards), so it runs the same code,
-attention implementation, quantized base and hooks as the policy. While the lagged weights equal the policy's (PSFT's first step of every window, CurioSFT before
-its first update) no forward runs at all: the loss gets `reference=None`, which it reads as the policy itself (exactly:
-the same weights give the same logits).
+attention implementation, quantized base and hooks as the policy. While the lagged weights equal the policy's (PSFT's
+first step of every window, CurioSFT before its first update) no forward runs at all: the loss gets `reference=None`,
+which it reads as the policy itself (exactly: the same weights give the same logits).
 
 The weights (and whether they equal the policy's) are saved with every checkpoint (`STATE_FILE`, written inside the
 staged save) and restored on resume, so a resumed run continues bit for bit. A checkpoint folder named explicitly
