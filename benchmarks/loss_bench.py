@@ -2,6 +2,7 @@
 
     python benchmarks/loss_bench.py --sizes 4096x32000x512 16384x32000x256 --device cpu
     python benchmarks/loss_bench.py --sizes 16384x128256x4096 --device cuda --dtype bfloat16 --accuracy
+    python benchmarks/loss_bench.py --sizes 4096x32000x512 --threads 1 --clock cpu   # on a shared CPU machine
 
 Variants (`--variants`):
   trl_nll         TRL 1.16's fused head kernel (`ChunkedLogProbFunction`), as its SFTTrainer calls it
@@ -233,6 +234,11 @@ def reference_errors(variant, hidden, weight, targets, cost, loss, reference=Non
     }
 
 
+# The timer: wall-clock time, or (`--clock cpu`) the process's CPU time, which other jobs on a shared machine do not
+# lengthen (with `--threads 1`).
+_clock = time.perf_counter
+
+
 def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads, options, accuracy) -> dict:
     import torch
 
@@ -269,19 +275,19 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
-    start = time.perf_counter()
+    start = _clock()
     loss = step()
     sync()
-    first = time.perf_counter() - start
+    first = _clock() - start
     peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _peak_rss_bytes()) - base
     times = []
     for _ in range(repeats):
         hidden.grad = weight.grad = None
         sync()
-        start = time.perf_counter()
+        start = _clock()
         step()
         sync()
-        times.append(time.perf_counter() - start)
+        times.append(_clock() - start)
     result = {
         "variant": variant,
         "loss": float(loss),
@@ -302,7 +308,7 @@ def run_isolated(variant, size, args) -> dict:
     tokens, vocab, hidden = size
     cmd = [sys.executable, __file__, "--_worker", variant, f"{tokens}x{vocab}x{hidden}", "--dtype", args.dtype,
            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads or 0),
-           "--backend", args.backend]
+           "--backend", args.backend, "--clock", args.clock]
     if args.chunk_memory_mb is not None:
         cmd += ["--chunk-memory-mb", str(args.chunk_memory_mb)]
     if args.fp32_weight_grad:
@@ -393,11 +399,16 @@ def main(argv=None):
     parser.add_argument("--chunk-memory-mb", type=float, default=None, help="trl_emo's chunk memory budget")
     parser.add_argument("--fp32-weight-grad", action="store_true", help="float32 head-gradient accumulator")
     parser.add_argument("--accuracy", action="store_true", help="also measure errors against float64")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="time as wall-clock time, or as the process's CPU time (a shared CPU machine, with "
+                        "--threads 1)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args._worker:
+        global _clock
+        _clock = time.process_time if args.clock == "cpu" else time.perf_counter
         variant, size = args._worker
         options = {"backend": args.backend, "fp32_weight_grad": args.fp32_weight_grad}
         if args.chunk_memory_mb is not None:
@@ -409,7 +420,7 @@ def main(argv=None):
     command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
           f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; median of {args.repeats} "
-          "forward+backward calls after the first.\n",
+          f"forward+backward calls after the first ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} time).\n",
           flush=True)
     raw = {}
     for size_text in args.sizes:

@@ -4,6 +4,7 @@
     python benchmarks/step_bench.py --shape llama-3.2-1b --liger on off                      # with and without Liger
     python benchmarks/step_bench.py --shape llama-3-8b --batch 2 --seq 2048 --qlora on       # QLoRA (nf4, LoRA r=16)
     python benchmarks/step_bench.py --shape tiny --device cpu --steps 3 --warmup 1           # a CPU smoke run
+    OMP_NUM_THREADS=1 python benchmarks/step_bench.py --shape tiny --device cpu --clock cpu  # on a shared CPU machine
 
 The model is randomly initialised from the named shape (no download); the data are random token
 sequences of exactly `--seq` tokens, every token trained. Every variant is `trl_emo.SFTTrainer`
@@ -106,6 +107,9 @@ def worker(args) -> dict:
     ids = torch.randint(3, config.vocab_size, (args.batch * total_steps, args.seq), generator=gen)
     dataset = Dataset.from_dict({"input_ids": ids.tolist()})
 
+    # `--clock cpu`: the process's CPU time, which other jobs on a shared machine do not lengthen (with one thread).
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.start = [], None
@@ -113,12 +117,12 @@ def worker(args) -> dict:
         def on_step_begin(self, *_, **__):
             if cuda:
                 torch.cuda.synchronize()
-            self.start = time.perf_counter()
+            self.start = clock()
 
         def on_step_end(self, *_, **__):
             if cuda:
                 torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.start)
+            self.times.append(clock() - self.start)
 
     timer = StepTimer()
     training_args = SFTConfig(
@@ -180,7 +184,7 @@ def _tokenizer_stub(config):
 def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
     cmd = [sys.executable, __file__, "--_worker", variant, "--shape", args.shape, "--batch", str(args.batch),
            "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-           "--cache", args.cache] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
+           "--cache", args.cache, "--clock", args.clock] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
@@ -215,6 +219,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "trl_emo_step_bench"), help="random models for QLoRA")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="step time as wall-clock time, or as the process's CPU time (a shared CPU machine: run "
+                        "with OMP_NUM_THREADS=1)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_liger", action="store_true", help=argparse.SUPPRESS)
@@ -234,7 +241,8 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print(f"# Trainer step benchmark, {date.today().isoformat()}\n\nMachine: {device}, torch {torch.__version__}, "
           f"trl_emo {__version__}  \nCommand: `{command}`  \nShape: {args.shape}, batch {args.batch} x {args.seq} tokens; "
-          f"median of {args.steps} steps after {args.warmup}.\n", flush=True)
+          f"median of {args.steps} steps after {args.warmup} ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} "
+          "time).\n", flush=True)
     rows = []
     for qlora in args.qlora:
         for liger in args.liger:
