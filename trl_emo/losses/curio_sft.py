@@ -105,7 +105,9 @@ def temperatures(top: torch.Tensor, tau_min: float, tau_max: float) -> torch.Ten
     high = ~low & (h_star >= h_hi)
     tau = torch.where(low, lo, torch.where(high, hi, (lo + hi) / 2))
     # `H* = H(τ_max)` exactly is not pinned: their first step then halves the bracket from τ_max.
-    searched = (~low & ~(high & (h_hi < h_star))).nonzero().squeeze(-1)
+    searched = ~low & ~(high & (h_hi < h_star))
+    # The ahead-of-time compile records the launches on meta tensors, which have shapes only: every row there.
+    searched = torch.arange(n, device=top.device) if top.is_meta else searched.nonzero().squeeze(-1)
     if searched.numel():
         xs, target, t, lo, hi = x[searched], h_star[searched], tau[searched], lo[searched], hi[searched]
         for _ in range(BISECTION_STEPS):
