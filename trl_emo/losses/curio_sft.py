@@ -41,6 +41,7 @@ from ._triton import (
     register_launch_config,
     row_inputs,
     softmax_pass,
+    softmax_sums,
     store_stats,
     tl,
     top_logits,
@@ -199,12 +200,9 @@ def _statistics(
     for off in range(0, V, BLOCK):
         offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
         m_new = tl.maximum(m, tl.max(z, 0))
-        alpha = tl.exp(m - m_new)
-        e = tl.exp(z - m_new)
-        t = alpha * (t + s * (m - m_new)) + tl.sum(e * (z - m_new), 0)
-        s = alpha * s + tl.sum(e, 0)
         s_tau = tl.exp((m - m_new) / tau) * s_tau + tl.sum(tl.exp((z - m_new) / tau), 0)
         s_min = tl.exp((m - m_new) / tau_min) * s_min + tl.sum(tl.exp((z - m_new) / tau_min), 0)
+        s, t, _ = softmax_sums(m, m_new, s, t, z)
         m = m_new
     tl.store(OUT + row, tl.log(s) - t / s)
     tl.store(OUT + out_stride + row, m / tau + tl.log(s_tau))
