@@ -60,7 +60,7 @@ ENTROPY_FLOOR = 0.03
 METRICS = ("curio_tau", "curio_kd")
 WEIGHT_FIELDS = ("ref_lp", "tau")
 # The kernels' launch configurations, chosen as `_triton.LAUNCH_CONFIGS`' (2,048 columns x 4 warps on every target:
-# 56-64 registers, no spill, 8-9 programs per SM by `python -m trl_emo.losses.aot_compile --losses curio_sft`).
+# 56-72 registers, no spill, 7-9 programs per SM by `python -m trl_emo.losses.aot_compile --losses curio_sft`).
 for _kernel in ("curio_sft", "curio_sft_statistics"):
     register_launch_config(_kernel, {80: (2048, 4), 86: (2048, 4), 89: (2048, 4), 90: (2048, 4)})
 
