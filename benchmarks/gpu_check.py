@@ -48,9 +48,10 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls"]
-QLORA_VARIANTS = ["nll", "gem", "emo"]
+                 "torch_lce", "emo_live", "psft", "curio_sft"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft"]
+# PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA: measured there too.
+QLORA_VARIANTS = ["nll", "gem", "emo", "psft", "curio_sft"]
 ROW_KERNELS = ["nll", "gem_logsigmoid", "emo"]
 ROW_CANDIDATES = [(2048, 4), (4096, 8), (8192, 16), (16384, 16)]
 ROW_SHAPE = (1280, 128_256)  # one default chunk of a 128k vocabulary in bf16

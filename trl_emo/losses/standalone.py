@@ -10,9 +10,10 @@ loss = loss_fn(hidden, model.lm_head.weight, labels)       # labels: -100 ignore
 loss.backward()
 ```
 
-Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch` and a
-reference model's hidden states and head (ASFT, EKSFT); computes the loss chunk by chunk (`fused.fused_linear_loss`),
-never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
+Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
+reference model's hidden states and head (ASFT, EKSFT; PSFT's old policy, CurioSFT's teacher) and PSFT's old
+log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`), never the whole `[tokens, vocab]`
+logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
 transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
 
 The hyper-parameters are the loss's keywords (`beta`, or its `SFTConfig` field name `gem_beta`), their defaults the
@@ -41,10 +42,10 @@ from ._common import (
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
-from .registry import ROLES, LossSpec, get_loss
+from .registry import ROLES, LossSpec, RowTensors, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights")
+_INPUTS = ("reference", "cost_embedding", ROLES, "weights", "old_logp")
 
 
 @dataclass
@@ -154,8 +155,8 @@ class FusedLinearLoss(torch.nn.Module):
 
     Args:
         loss_type: the loss's registered name: `"nll"`, `"dft"`, `"gem"`, `"emo"`, `"tailr"`, `"mixce"`,
-            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"` or one registered with `trl_emo.register_loss`
-            (`trl_emo.losses.list_losses()` lists them).
+            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"` or one registered with
+            `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists them).
         logit_scale: the factor the model applies to its logits (`z = scale * (h W^T + b)`); `for_model` reads it
             from the model's config.
         softcap: the model's final-logit soft-cap (`z = c tanh(y / c)`, Gemma 2 and 3), None without one.
@@ -178,7 +179,8 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
-    return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
+    old_log_probs=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming
+    it and the fix.
     """
 
     def __init__(
@@ -258,6 +260,7 @@ class FusedLinearLoss(torch.nn.Module):
         *,
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
+        old_log_probs: torch.Tensor | None = None,
         return_stats: bool = False,
     ) -> torch.Tensor | FusedLinearLossOutput:
         """The loss, `Σ_t ℓ_t / N` over the positions with a target.
@@ -275,12 +278,23 @@ class FusedLinearLoss(torch.nn.Module):
             reference: ASFT and EKSFT: the reference model's final hidden states over the same positions as
                 `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
                 computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
-                `eksft_ratio=0`).
+                `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the teacher's. For
+                these two it is optional: without it the old policy / teacher is the model itself (PSFT: `r = 1`).
+            old_log_probs: PSFT: the old policy's log-probability of each target, laid out like `hidden` without its
+                last dimension (entry `t` for the token position `t` predicts; other entries are not read), no
+                gradient. The negative of `fused_lm_loss(old_hidden, weight, labels, "nll", return_stats=True).nll`
+                laid out by its `positions` is that (or pass `reference=ReferenceHead(old_hidden, weight)`).
             return_stats: return a `FusedLinearLossOutput` (the loss and per-position statistics) instead of the
                 loss alone.
         """
         spec, hparams = self.spec, self.hyperparameters
         _check_layout(hidden, weight, labels, self.shift_labels, bias, reference)
+        if old_log_probs is not None:
+            if "old_logp" not in inspect.signature(spec.per_token).parameters:
+                raise ValueError(f"loss {spec.name!r} reads no old log-probabilities; drop old_log_probs=.")
+            if tuple(old_log_probs.shape) != tuple(hidden.shape[:-1]):
+                raise ValueError(f"old_log_probs {tuple(old_log_probs.shape)} must have the shape of hidden without its "
+                                 f"last dimension, {tuple(hidden.shape[:-1])}.")
         vocab = weight.shape[0]
         if spec.validate_vocab is not None and self._vocab_checked != vocab:
             spec.validate_vocab(hparams, vocab)
@@ -298,7 +312,8 @@ class FusedLinearLoss(torch.nn.Module):
             kwargs["cost_embedding"] = self._cost_embedding(weight)
         if spec.needs_reference:
             kwargs["reference"] = None
-            if spec.wants_reference(hparams):
+            # A lagged reference (PSFT, CurioSFT) is optional: None is the model itself.
+            if spec.wants_reference(hparams) or (spec.lagged_reference is not None and reference is not None):
                 if reference is None:
                     raise ValueError(
                         f"loss {spec.name!r} with {hparams} reads a reference model: pass reference=ReferenceHead("
@@ -309,6 +324,8 @@ class FusedLinearLoss(torch.nn.Module):
             raise ValueError(f"loss {spec.name!r} reads no reference model; drop reference=.")
         if positions.roles is not None:
             kwargs[ROLES] = positions.roles
+        if old_log_probs is not None:
+            kwargs["old_logp"] = RowTensors({"old_logp": positions.take(old_log_probs.detach().to(weight.device))})
         out = fused_linear_loss(
             positions.take(hidden.to(weight.device)),
             weight,
@@ -337,6 +354,7 @@ def fused_lm_loss(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
+    old_log_probs: torch.Tensor | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
@@ -376,4 +394,4 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   return_stats=return_stats)
+                   old_log_probs=old_log_probs, return_stats=return_stats)
