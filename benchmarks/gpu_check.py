@@ -52,13 +52,14 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls"]
-# QLoRA: batch, timed steps, warm-up steps per shape (sequences of SEQ tokens); the baseline and the targets first,
-# then every other registered loss, then gem with Liger's layer kernels (last: Liger patches the model in place).
+                 "torch_lce", "emo_live", "psft", "curio_sft"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft"]
+# QLoRA: batch, timed steps, warm-up steps per shape (sequences of SEQ tokens); the baseline and the targets first
+# (PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA), then every other registered loss, then
+# gem with Liger's layer kernels (last: Liger patches the model in place).
 QLORA_SHAPES = {"llama-3.2-1b": (4, 3, 1), "llama-3-8b": (2, 2, 1)}
 QLORA_SHARE = {"llama-3.2-1b": 0.35}  # of the stage's time left; the last shape takes the rest
-QLORA_FIRST = ("nll", "gem", "emo")
+QLORA_FIRST = ("nll", "gem", "emo", "psft", "curio_sft")
 LIGER_VARIANT = "gem_liger"
 # A configuration fits a card when its peak reserved memory plus the device memory outside PyTorch's allocator (the
 # CUDA context, library handles) stays within 95 % of the card's memory (the rest for the driver and a display).
@@ -388,6 +389,8 @@ def qlora_summary(rows: list[dict]) -> list[dict]:
             row["peak_gib"] = _gib(row["peak_bytes"])
         if row.get("peak_reserved_bytes") is not None:
             row["needed_gib"] = _gib(row["peak_reserved_bytes"] + row.get("outside_allocator_bytes", 0))
+        if row.get("state_bytes") is not None:  # a reference's, an old policy's or a teacher's weights
+            row["state_mib"] = row["state_bytes"] / 2**20
     for shape in {row.get("shape") for row in rows}:
         same = {row["variant"]: row for row in rows if row.get("shape") == shape and "step_seconds" in row}
         base = same.get("nll")
@@ -422,7 +425,8 @@ def qlora_fit(rows: list[dict]) -> dict:
 def stage_qlora(report: Report, stage: Stage, budget: Budget) -> None:
     """One worker process per shape, each training every variant on one quantized model and printing a row per
     variant as it goes (what came back before a time cap is kept)."""
-    columns = ["shape", "step_seconds", "vs_nll", "peak_gib", "needed_gib", "first_loss", "last_loss", "loss_vs_gem"]
+    columns = ["shape", "step_seconds", "vs_nll", "peak_gib", "needed_gib", "state_mib", "first_loss", "last_loss",
+               "loss_vs_gem"]
     entry = report.stage(stage, columns=columns)
     start = time.monotonic()
     shapes = list(QLORA_SHAPES)

@@ -9,7 +9,7 @@ For each kernel x target: BLOCK, warps, registers per thread, spill bytes, share
 programs per SM, the worst over the kernel's variants (its switches, bias, soft-cap, gradient, bf16/fp16;
 all pairs of them by default, every combination with `--full`) and the vocabularies that share it;
 and what that predicts for the memory-bound row pass (bytes per row against the GPU's bandwidth).
-The compiles are `trl_emo/losses/aot_compile.py`'s, the ones `tests/test_kernel_compile.py` checks.
+The compiles are `benchmarks/aot_compile.py`'s, the ones `tests/test_kernel_compile.py` checks.
 
 `--sweep` compiles the same variants at each candidate (BLOCK, warps) and applies the rule written
 beside `LAUNCH_CONFIGS` in `trl_emo/losses/_triton.py`: no spill in any variant, then the most
@@ -80,7 +80,7 @@ def _vocabs(vocabs: list[int], all_vocabs: list[int]) -> str:
 
 
 def table(summary: dict) -> str:
-    from trl_emo.losses.aot_compile import TARGETS
+    from aot_compile import TARGETS
 
     names = {t["name"]: t for t in TARGETS.values()}
     lines = [
@@ -101,7 +101,7 @@ def table(summary: dict) -> str:
 
 def prediction(summary: dict) -> str:
     """The row pass at the measured H100 shape, if it ran at the bandwidth: bytes per row and time."""
-    from trl_emo.losses.aot_compile import TARGETS
+    from aot_compile import TARGETS
 
     h100 = TARGETS[90]
     rows = [r for r in worst(summary) if r["target"] == h100["name"]]
@@ -152,7 +152,8 @@ def write_docs(path: Path, text: str) -> None:
 
 def sweep(jobs: int | None) -> dict:
     """Every candidate configuration over the same variants, and the rule's choice per kernel and target."""
-    from trl_emo.losses import _triton, aot_compile
+    import aot_compile
+    from trl_emo.losses import _triton
 
     saved = {k: dict(v) for k, v in _triton.LAUNCH_CONFIGS.items()}
     settings = aot_compile.covering_settings(aot_compile.all_settings(aot_compile.switch_cases()))
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and not args.from_raw:
         parser.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
     sys.path.insert(0, str(ROOT))
-    from trl_emo.losses import aot_compile
+    import aot_compile
 
     if args.sweep:
         result = sweep(args.jobs)

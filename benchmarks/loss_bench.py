@@ -2,6 +2,7 @@
 
     python benchmarks/loss_bench.py --sizes 4096x32000x512 16384x32000x256 --device cpu
     python benchmarks/loss_bench.py --sizes 16384x128256x4096 --device cuda --dtype bfloat16 --accuracy
+    python benchmarks/loss_bench.py --sizes 4096x32000x512 --threads 1 --clock cpu   # on a shared CPU machine
 
 Variants (`--variants`):
   trl_nll         TRL 1.16's fused head kernel (`ChunkedLogProbFunction`), as its SFTTrainer calls it
@@ -17,7 +18,8 @@ Variants (`--variants`):
                   states and head are inputs like the policy's: its own memory is reported apart,
                   as `reference_model_bytes`; the loss's peak counts its reference-logits buffer),
                   sed (threshold 0.9: the trainer calibrates it), eksft (the paper's formula; its reference as
-                  ASFT's), eksft_authors (the authors' formula on the target rows).
+                  ASFT's), eksft_authors (the authors' formula on the target rows), psft (an old policy as
+                  ASFT's reference), curio_sft (a teacher as ASFT's reference, top-512 temperature search).
                   Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   <loss>_weighted the same fused loss with per-token loss weights (uniform in [0, 2]): their cost.
@@ -52,7 +54,8 @@ from datetime import date
 
 VARIANTS = [
     "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
-    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "trl_gem_tempered",
+    "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "psft", "curio_sft",
+    "trl_gem_tempered",
     "logits_gem", "logits_emo",
 ]
 # Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
@@ -75,6 +78,10 @@ LOSS_VARIANTS = {
     "sed": ("sed", {"threshold": 0.9}),
     "eksft": ("eksft", {}),
     "eksft_authors": ("eksft", {"formula": "authors"}),
+    # The old policy's / the teacher's hidden states and head as the reference (PSFT: an old policy other than the
+    # current model, as on 7 of every 8 steps; CurioSFT: its teacher, the top 512 logits of each row searched).
+    "psft": ("psft", {}),
+    "curio_sft": ("curio_sft", {}),
 }
 
 
@@ -253,6 +260,11 @@ def reference_errors(variant, hidden, weight, targets, cost, loss, reference=Non
     }
 
 
+# The timer: wall-clock time, or (`--clock cpu`) the process's CPU time, which other jobs on a shared machine do not
+# lengthen (with `--threads 1`).
+_clock = time.perf_counter
+
+
 def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads, options, accuracy) -> dict:
     import torch
 
@@ -276,7 +288,7 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         lora_a = (torch.randn(LORA_RANK, hidden_size, generator=gen) / hidden_size**0.5).to(device, dtype)
         lora_b = (0.01 * torch.randn(vocab, LORA_RANK, generator=gen)).to(device, dtype)
         adapter = (lora_a.requires_grad_(True), lora_b.requires_grad_(True))
-    if base in ("asft", "eksft", "eksft_authors"):
+    if base in ("asft", "eksft", "eksft_authors", "psft", "curio_sft"):
         # ASFT's (and EKSFT's) reference model at the target positions: its hidden states and head (persistent
         # inputs like the policy's, excluded from the loss's peak and reported on their own).
         from trl_emo.losses.asft import ReferenceHead
@@ -299,27 +311,23 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
-    start = time.perf_counter()
+    start = _clock()
     loss = step()
     sync()
-    first = time.perf_counter() - start
+    first = _clock() - start
     peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _peak_rss_bytes()) - base
-    times, cpu_times = [], []
+    times = []
     for _ in range(repeats):
         hidden.grad = weight.grad = None
         sync()
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start = _clock()
         step()
         sync()
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
+        times.append(_clock() - start)
     result = {
         "variant": variant,
         "loss": float(loss),
         "seconds": statistics.median(times) if times else first,
-        # The process's CPU time: on a machine shared with other work, with one thread (`--threads 1`), the time
-        # the loss's own arithmetic takes, which the other processes' load leaves nearly alone (wall time does not).
-        "cpu_seconds": statistics.median(cpu_times) if cpu_times else None,
         "first_seconds": first,
         "peak_extra_bytes": int(peak),
     }
@@ -336,7 +344,7 @@ def run_isolated(variant, size, args) -> dict:
     tokens, vocab, hidden = size
     cmd = [sys.executable, __file__, "--_worker", variant, f"{tokens}x{vocab}x{hidden}", "--dtype", args.dtype,
            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads or 0),
-           "--backend", args.backend]
+           "--backend", args.backend, "--clock", args.clock]
     if args.chunk_memory_mb is not None:
         cmd += ["--chunk-memory-mb", str(args.chunk_memory_mb)]
     if args.fp32_weight_grad:
@@ -374,10 +382,8 @@ def machine_description(device) -> str:
     return f"{cpu}, {cores} cores, torch {torch.__version__} (CPU)"
 
 
-def format_table(size, rows, clock: str = "wall") -> str:
+def format_table(size, rows) -> str:
     tokens, vocab, hidden = size
-    if clock == "cpu":  # the same table on the process's CPU time
-        rows = [{**r, "seconds": r["cpu_seconds"]} if r.get("cpu_seconds") is not None else r for r in rows]
     base = next((r for r in rows if r["variant"] == "trl_nll" and "seconds" in r), None)
     liger = next((r for r in rows if r["variant"] == "liger_nll" and "seconds" in r), None)
     accuracy = any("loss_rel_error" in r for r in rows)
@@ -430,10 +436,10 @@ def main(argv=None):
     parser.add_argument("--chunk-memory-mb", type=float, default=None, help="trl_emo's chunk memory budget")
     parser.add_argument("--fp32-weight-grad", action="store_true", help="float32 head-gradient accumulator")
     parser.add_argument("--accuracy", action="store_true", help="also measure errors against float64")
-    parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                        help="time the table shows: wall time, or the process's CPU time (a shared machine; with "
+                        help="time as wall-clock time, or as the process's CPU time (a shared CPU machine, with "
                         "--threads 1)")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS and not split_variant(v)[1]]
@@ -442,6 +448,8 @@ def main(argv=None):
                      f"{', '.join(SUFFIXES)}")
 
     if args._worker:
+        global _clock
+        _clock = time.process_time if args.clock == "cpu" else time.perf_counter
         variant, size = args._worker
         options = {"backend": args.backend, "fp32_weight_grad": args.fp32_weight_grad}
         if args.chunk_memory_mb is not None:
@@ -453,7 +461,7 @@ def main(argv=None):
     command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
           f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; median of {args.repeats} "
-          f"forward+backward calls after the first; {'CPU' if args.clock == 'cpu' else 'wall'} time.\n",
+          f"forward+backward calls after the first ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} time).\n",
           flush=True)
     raw = {}
     for size_text in args.sizes:
@@ -463,7 +471,7 @@ def main(argv=None):
             rows.append(run_isolated(variant, size, args))
             print(f"  {size_text} {variant}: {rows[-1]}", file=sys.stderr, flush=True)
         raw[size_text] = rows
-        print(format_table(size, rows, args.clock) + "\n", flush=True)
+        print(format_table(size, rows) + "\n", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": machine_description(args.device), "command": command, "date": date.today().isoformat(),

@@ -4,6 +4,7 @@
     python benchmarks/step_bench.py --shape llama-3.2-1b --liger on off                      # with and without Liger
     python benchmarks/step_bench.py --shape llama-3-8b --batch 2 --seq 2048 --qlora on       # QLoRA (nf4, LoRA r=16)
     python benchmarks/step_bench.py --shape tiny --device cpu --steps 3 --warmup 1           # a CPU smoke run
+    OMP_NUM_THREADS=1 python benchmarks/step_bench.py --shape tiny --device cpu --clock cpu  # on a shared CPU machine
 
 The model is randomly initialised from the named shape (no download); the data are random token
 sequences of exactly `--seq` tokens, every token trained. Every variant is `trl_emo.SFTTrainer`
@@ -47,6 +48,11 @@ VARIANTS = {
     "emo": {"loss_type": "emo"},
     "sed": {"loss_type": "sed"},
     "eksft": {"loss_type": "eksft"},
+    # At their authors' defaults: PSFT's old policy every 8 steps, CurioSFT's teacher mixed every 5 (each timed step
+    # after the first runs the old policy's / teacher's forward: the first step of a window, which needs none, is in the
+    # warm-up with `--warmup 1`).
+    "psft": {"loss_type": "psft"},
+    "curio_sft": {"loss_type": "curio_sft"},
     "emo_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head"},
     "gem_logits": {"loss_type": "gem", "loss_implementation": "logits"},
     "emo_logits": {"loss_type": "emo", "loss_implementation": "logits"},
@@ -149,14 +155,16 @@ def worker(args) -> dict:
         with torch.device("cuda" if cuda else "cpu"):
             model = AutoModelForCausalLM.from_config(_config(args.shape), dtype=dtype)
     return train_variant(model, args.variant, args.shape, args.batch, args.seq, args.steps, args.warmup, args.device,
-                         liger=args.liger, qlora=args.qlora, peft_config=peft_config)
+                         liger=args.liger, qlora=args.qlora, peft_config=peft_config,
+                         clock=getattr(args, "clock", "wall"))
 
 
 def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: int, warmup: int, device: str,
-                  liger: bool = False, qlora: bool = False, peft_config=None) -> dict:
+                  liger: bool = False, qlora: bool = False, peft_config=None, clock: str = "wall") -> dict:
     """`warmup + steps` optimizer steps of `trl_emo.SFTTrainer` with `variant` on `model` (a PEFT model, or a plain one
     with `peft_config`); the median step time of the last `steps`, the peak memory (allocated and reserved on CUDA, and
-    the device memory outside PyTorch's allocator after the run), the first and last logged losses."""
+    the device memory outside PyTorch's allocator after the run), the first and last logged losses, the memory the
+    loss keeps beside the model."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -170,6 +178,9 @@ def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: 
     ids = torch.randint(3, config.vocab_size, (batch * total_steps, seq), generator=gen)
     dataset = Dataset.from_dict({"input_ids": ids.tolist()})
 
+    # `--clock cpu`: the process's CPU time, which other jobs on a shared machine do not lengthen (with one thread).
+    clock = time.process_time if clock == "cpu" else time.perf_counter
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.start = [], None
@@ -177,12 +188,12 @@ def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: 
         def on_step_begin(self, *_, **__):
             if cuda:
                 torch.cuda.synchronize()
-            self.start = time.perf_counter()
+            self.start = clock()
 
         def on_step_end(self, *_, **__):
             if cuda:
                 torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.start)
+            self.times.append(clock() - self.start)
 
     timer = StepTimer()
     training_args = SFTConfig(
@@ -222,8 +233,18 @@ def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: 
 
         result["peak_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    result.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
+    result.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+                  state_bytes=_state_bytes(trainer))
     return result
+
+
+def _state_bytes(trainer) -> int:
+    """What the loss keeps beside the model: a reference model's weights (a frozen copy; 0 with the adapters off), PSFT's
+    old policy or CurioSFT's teacher (the trainable tensors: the adapters under LoRA)."""
+    if trainer._lagged is not None:
+        return trainer._lagged.nbytes
+    model = getattr(trainer._reference, "model", None)
+    return sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
 
 
 def _tokenizer_stub(config):
@@ -240,7 +261,7 @@ def _tokenizer_stub(config):
 def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
     cmd = [sys.executable, __file__, "--_worker", variant, "--shape", args.shape, "--batch", str(args.batch),
            "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-           "--cache", args.cache] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
+           "--cache", args.cache, "--clock", args.clock] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
@@ -249,16 +270,17 @@ def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
 
 
 def format_table(rows) -> str:
-    lines = ["| variant | Liger | QLoRA | step (s) | step / TRL nll | peak memory (GiB) |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| variant | Liger | QLoRA | step (s) | step / TRL nll | peak memory (GiB) | loss state (MiB) |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | failed: {r['error'][:80]} | | |")
+            lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | failed: {r['error'][:80]} | | | |")
             continue
         base = next((b for b in rows if b["variant"] == "nll" and b["liger"] == r["liger"] and b["qlora"] == r["qlora"]
                      and "step_seconds" in b), None)
         ratio = f"{r['step_seconds'] / base['step_seconds']:.2f}" if base else "—"
         lines.append(f"| {r['variant']} | {r['liger']} | {r['qlora']} | {r['step_seconds']:.3f} | {ratio} | "
-                     f"{r['peak_bytes'] / 2**30:.2f} |")
+                     f"{r['peak_bytes'] / 2**30:.2f} | {r.get('state_bytes', 0) / 2**20:.2f} |")
     return "\n".join(lines)
 
 
@@ -275,6 +297,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "trl_emo_step_bench"), help="random models for QLoRA")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="step time as wall-clock time, or as the process's CPU time (a shared CPU machine: run "
+                        "with OMP_NUM_THREADS=1)")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_liger", action="store_true", help=argparse.SUPPRESS)
@@ -294,7 +319,8 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print(f"# Trainer step benchmark, {date.today().isoformat()}\n\nMachine: {device}, torch {torch.__version__}, "
           f"trl_emo {__version__}  \nCommand: `{command}`  \nShape: {args.shape}, batch {args.batch} x {args.seq} tokens; "
-          f"median of {args.steps} steps after {args.warmup}.\n", flush=True)
+          f"median of {args.steps} steps after {args.warmup} ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} "
+          "time).\n", flush=True)
     rows = []
     for qlora in args.qlora:
         for liger in args.liger:

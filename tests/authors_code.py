@@ -9,6 +9,12 @@ compares trl_emo's logits and fused paths with them in float64.
 - EKSFT: `MINE-USTC/EKSFT` at 0908ab2 — `src/llamafactory/train/eksft/trainer.py` (`T:`) and
   `src/llamafactory/hparams/finetuning_args.py` (`FA:`); HF's `ForCausalLMLoss` (pad, shift, mean over non-ignored
   targets) for their cross-entropy call.
+- PSFT: `zwhong714/PSFT` at 569b1ba (verl) — `verl/verl/trainer/ppo/core_algos.py` (`CA:`: `agg_loss`,
+  `compute_policy_loss_vanilla`), `verl/verl/trainer/ppo/ray_trainer.py` (`RT:`, the PSFT advantage),
+  `verl/verl/utils/torch_functional.py` (`TF:`, `masked_mean`), `verl/recipe/psft/run_psft.sh` (`SH:`).
+- CurioSFT: `HaoooWang/CurioSFT` at 5a77394 (verl) — `custom_verl/recipe/curio_sft/ppo/core_algos.py` (`CC:`,
+  `custom_loss`), `custom_verl/recipe/curio_sft/dp_actor.py` (`DA:`, `_forward_micro_batch`, `compute_tau_from_logits`),
+  `custom_verl/verl/utils/torch_functional.py` (`TF:`, `entropy_from_logits`, `masked_mean`), `scripts/1_sft.sh`.
 """
 
 from __future__ import annotations
@@ -368,3 +374,138 @@ def eksft_paper_forward(
         return total, dict(ce=ce_loss, entropy=entropy_loss, kl=kl_loss, lam_e=lam_e, lam_k=lam_k, k=k,
                            drop=drop, kl_mask=kl_mask, ent_mask=ent_mask)
     return total
+
+
+# -- PSFT and CurioSFT (verl): shared pieces ------------------------------------------------------------------------
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # TF: masked_mean: sum(values * mask) / (mask.sum() + 1e-8), the "token-mean" of agg_loss (CA:719-720).
+    return (values * mask).sum() / (mask.sum() + 1e-8)
+
+
+def _response_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's response log-probabilities: the logits of the positions before each response token, `log_softmax` and
+    gather (its PyTorch `logprobs_from_logits`; the flash-attention kernel computes the same), with the response mask.
+    The HF labels' shift stands in for their `[:, -response_length - 1 : -1]` slice."""
+    lg = logits[:, :-1]
+    tgt = labels[:, 1:]
+    mask = tgt.ne(IGNORE_INDEX)
+    logp = torch.log_softmax(lg, dim=-1).gather(-1, tgt.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    return logp, mask
+
+
+# -- PSFT --------------------------------------------------------------------------------------------------------------
+
+
+def psft_authors_forward(
+    logits: torch.Tensor,  # [B, T, V] the policy's (with gradient)
+    old_logits: Optional[torch.Tensor],  # [B, T, V] the old policy's, no gradient; None: the policy's own (first step)
+    labels: torch.Tensor,  # [B, T] unshifted HF labels, -100 ignored
+    clip_ratio_low: float = 0.2,  # SH: clip_ratio_low=0.2
+    clip_ratio_high: float = 0.28,  # SH: clip_ratio_high=0.28
+    clip_ratio_c: float = 10.0,  # SH: actor.clip_ratio_c=10.0
+    loss_agg_mode: str = "token-mean",  # SH: loss_agg_mode="token-mean"
+):
+    """`compute_policy_loss_vanilla` (CA:816-890) with the PSFT advantage (RT:274-276: 1 on every response token)."""
+    log_prob, response_mask = _response_log_probs(logits, labels)
+    mask = response_mask.to(logits.dtype)
+    if old_logits is None:  # the old log-probs are computed by a no-grad forward of the same weights
+        old_log_prob = log_prob.detach()
+    else:
+        old_log_prob, _ = _response_log_probs(old_logits.detach(), labels)
+    advantages = torch.ones_like(mask) * mask  # RT:275
+    assert clip_ratio_c > 1.0  # CA:857-860
+    negative_approx_kl = log_prob - old_log_prob  # CA:862
+    negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)  # CA:864
+    ratio = torch.exp(negative_approx_kl)  # CA:865
+    pg_losses1 = -advantages * ratio  # CA:868
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)  # CA:873-875
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)  # CA:876-878
+    pg_losses3 = -advantages * clip_ratio_c  # CA:881
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)  # CA:882
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)  # CA:887
+    assert loss_agg_mode == "token-mean"
+    return _masked_mean(pg_losses, mask)  # CA:888 agg_loss
+
+
+# -- CurioSFT ----------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def curio_compute_tau(logits: torch.Tensor, tau_min: float = 1.1, tau_max: float = 1.5, topk: int = 512,
+                      iters: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """DA:544-595 `compute_tau_from_logits`, step by step: (H_now, tau) per row of the teacher's logits `[N, V]`."""
+    assert logits.dim() == 2
+    N, V = logits.shape
+    K = min(topk, V)  # DA:556
+    z = logits
+
+    def entropy_topk(z_, tau_):  # DA:559-567
+        if K >= V:
+            logp = torch.log_softmax(z_ / tau_, dim=-1)
+            p = logp.exp()
+            return -(p * logp).sum(dim=-1)
+        vals, _ = torch.topk(z_, k=K, dim=-1)
+        logp_k = torch.log_softmax(vals / tau_, dim=-1)
+        p_k = logp_k.exp()
+        return -(p_k * logp_k).sum(dim=-1)
+
+    ones = torch.ones(N, 1, device=z.device, dtype=z.dtype)  # DA:569
+    H_now = entropy_topk(z, ones)  # DA:570
+    c = 1.2  # DA:573
+    delta = torch.sigmoid((H_now - c) * 2.0) * 0.5  # DA:574
+    H_star = H_now + delta  # DA:575
+    tau_lo = torch.full((N, 1), tau_min, device=z.device, dtype=z.dtype)  # DA:577
+    tau_hi = torch.full((N, 1), tau_max, device=z.device, dtype=z.dtype)  # DA:578
+    H_lo = entropy_topk(z, tau_lo)  # DA:579
+    H_hi = entropy_topk(z, tau_hi)  # DA:580
+    tau = torch.where(  # DA:582-586
+        H_star <= H_lo, tau_lo.squeeze(-1),
+        torch.where(H_star >= H_hi, tau_hi.squeeze(-1), (tau_lo.squeeze(-1) + tau_hi.squeeze(-1)) / 2),
+    ).unsqueeze(-1)
+    for _ in range(iters):  # DA:588-593
+        H_mid = entropy_topk(z, tau)
+        go_hi = (H_mid < H_star).unsqueeze(-1)
+        tau_lo = torch.where(go_hi, tau, tau_lo)
+        tau_hi = torch.where(go_hi, tau_hi, tau)
+        tau = (tau_lo + tau_hi) / 2
+    return H_now.squeeze(-1), tau.squeeze(-1)  # DA:595
+
+
+def curio_teacher_log_probs(teacher_logits: torch.Tensor, labels: torch.Tensor, tau_min: float = 1.1,
+                            tau_max: float = 1.5, topk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher worker's `_forward_micro_batch` with `use_adaptive_tau` (DA:201-226): `(ref_log_prob, tau)` of the
+    response tokens."""
+    B, T, V = teacher_logits.shape
+    logits_rmpad = teacher_logits[:, :-1].reshape(-1, V).detach().clone()  # the rows before each token
+    _, tau_rmpad = curio_compute_tau(logits_rmpad, tau_min=tau_min, tau_max=tau_max, topk=topk)  # DA:202-203
+    pd = torch.softmax(logits_rmpad, dim=-1)  # TF: entropy_from_logits
+    entropy_rmpad = torch.logsumexp(logits_rmpad, dim=-1) - torch.sum(pd * logits_rmpad, dim=-1)  # DA:204
+    tau_rmpad[entropy_rmpad <= 0.03] = tau_min  # DA:205
+    logits_rmpad.div_(tau_rmpad.unsqueeze(-1))  # DA:206
+    tgt = labels[:, 1:].reshape(-1).clamp_min(0)
+    log_probs = torch.log_softmax(logits_rmpad, dim=-1).gather(-1, tgt[:, None]).squeeze(-1)  # DA:222-226
+    return log_probs.view(B, T - 1), tau_rmpad.view(B, T - 1)
+
+
+def curio_authors_forward(
+    logits: torch.Tensor,  # [B, T, V] the policy's (with gradient), at temperature 1 (rollout.temperature=1.0)
+    teacher_logits: Optional[torch.Tensor],  # [B, T, V] the teacher's, no gradient; None: the policy's own
+    labels: torch.Tensor,  # [B, T] unshifted HF labels, -100 ignored
+    tau_min: float = 1.1,
+    tau_max: float = 1.5,
+    topk: int = 512,
+    alpha: float = 1.0,  # CC:771 fixes it at 1; the argument stands for the paper's alpha
+    return_tau: bool = False,
+):
+    """`custom_loss` with `algo_type="curio_sft"` (CC:758-777) on the teacher's `ref_log_prob`."""
+    teacher = (logits if teacher_logits is None else teacher_logits).detach()
+    ref_log_prob, tau = curio_teacher_log_probs(teacher, labels, tau_min, tau_max, topk)
+    log_prob, response_mask = _response_log_probs(logits, labels)
+    eos_mask = response_mask.to(logits.dtype)
+    mse_loss = -log_prob  # CC:772
+    kd_loss = alpha * 0.5 * (log_prob - ref_log_prob) ** 2  # CC:773
+    pg_losses = mse_loss + kd_loss  # CC:774
+    pg_loss = _masked_mean(pg_losses, eos_mask)  # CC:777
+    return (pg_loss, tau[response_mask]) if return_tau else pg_loss

@@ -124,6 +124,20 @@ def pc_dataset():
     return Dataset.from_list(prompt_completion_rows())
 
 
+def four_bit_model(folder, make_model):
+    """A tiny model saved to `folder` and loaded back quantized to 4-bit nf4 on the CPU (bitsandbytes' CPU backend), and
+    the LoRA configuration the QLoRA tests train it with."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    make_model(hidden_size=64, intermediate_size=128).save_pretrained(str(folder))
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), quantization_config=quant, dtype=torch.float32,
+                                                 device_map={"": "cpu"})
+    return model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
 def cpu_config(output_dir, **overrides):
     """A float32 CPU `trl_emo.SFTConfig` for tests (TRL's default is bf16, ~8x slower here)."""
     from trl_emo import SFTConfig

@@ -83,8 +83,13 @@ def build(name: str) -> Path:
     """Build the environment unless a complete one is cached; returns its interpreter."""
     ready = python_of(name)
     if ready is not None:
+        print(f"{name}: the environment is built already ({venv_dir(name)})", flush=True)
         return ready
     folder = venv_dir(name)
+    with_deps, without = FRAMEWORKS[name]
+    # Said before the silent part (pip runs quietly): what is built, where, and that it takes minutes once.
+    print(f"{name}: building its virtual environment once in {folder} (a few minutes; pip from the package index): "
+          f"{', '.join(with_deps + without)}", flush=True)
     shutil.rmtree(folder, ignore_errors=True)  # an unfinished build
     folder.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -93,9 +98,10 @@ def build(name: str) -> Path:
     python = folder / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "--no-input", "install",
            "--quiet"]
-    with_deps, without = FRAMEWORKS[name]
     # `torch==2.13.0` among them keeps every dependency's torch requirement on the local CPU wheel.
+    print(f"{name}: 1/2 pip install {' '.join(with_deps)} (with their dependencies)", flush=True)
     _run([*pip, *with_deps])
+    print(f"{name}: 2/2 pip install --no-deps {' '.join(without)}", flush=True)
     _run([*pip, "--no-deps", *without])
     site = _site_packages(python)
     for pattern in REMOVE.get(name, []):

@@ -29,6 +29,10 @@ VARIANTS = {
         {"mode": "intersection", "ratio": 0.5, "lambda_entropy": 1.0, "lambda_kl": 0.5},
         {"ratio": 0.0},
     ],
+    # The paper's symmetric clip; the clip edge at r = 1 (every token at or past it).
+    "psft": [{"clip_high": 0.2}, {"clip_low": 0.0, "clip_high": 0.0}],
+    # A top-k smaller than the test vocabularies (the default 512 is all of them); the paper's alpha at a fixed τ.
+    "curio_sft": [{"topk": 8}, {"alpha": 0.5, "tau_min": 1.3, "tau_max": 1.3}],
 }
 
 # SED's threshold defaults to "calibrate on the starting model" (the trainer does it); the kernels get a number.

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trl_emo"
-ENTRY_MODULES = {"sft", "dpo", "evaluate", "cli", "real_model", "grpo"}
+ENTRY_MODULES = {"sft", "dpo", "evaluate", "cli", "real_model", "grpo", "samples"}
 
 # Strongly connected components of grimp's module graph (every import statement, inside functions too).
 CYCLES = textwrap.dedent(
@@ -183,96 +183,14 @@ def test_the_package_top_holds_init_and_thin_entry_modules_only():
         assert statements <= 8, f"trl_emo/{name}.py is not thin ({statements} statements)"
 
 
-OLD_NAMES = textwrap.dedent(
-    """
-    import warnings
-    warnings.simplefilter("error", DeprecationWarning)
+def test_the_module_names_of_0_1_0_are_gone():
+    """The aliases of the pre-layout module names (`commands/moved.py`) were removed (CHANGELOG.md, 0.2.0): an old
+    name is an ordinary ImportError, and importing the package installs no import hook."""
+    import importlib
     import trl_emo
-    import trl_emo.core.hub as core_hub
-    import trl_emo.training.config as new
-    try:
-        import trl_emo.config
-    except DeprecationWarning as exc:
-        print("warned:", exc)
-    try:
-        import trl_emo.evaluation.sandbox_uids
-    except DeprecationWarning as exc:
-        print("warned:", exc)
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import trl_emo.config as old
-    assert old is new and old.__spec__.name == "trl_emo.training.config", old.__spec__
-    from trl_emo.run_config import end_run
-    from trl_emo.training.finish import end_run as end_run_new
-    assert end_run is end_run_new
-    from trl_emo.sources import locate, load_causal_lm
-    from trl_emo.tiny import build_tiny_model
-    from trl_emo.trainer import SFTTrainer
-    assert SFTTrainer is trl_emo.SFTTrainer
-    import trl_emo.hub_check as hub_check
-    from trl_emo.evaluation.pipeline import eval_sources
-    assert hub_check.eval_sources is eval_sources and hub_check.HubAccessError is not None
-    assert hub_check.check_sources is core_hub.check_sources
-    from trl_emo.cli_utils import ConfigError, parse_config, run_command
-    from trl_emo.evaluation.cli import run as eval_run
-    from trl_emo.evaluate import run as evaluate_run
-    assert eval_run is evaluate_run
-    from trl_emo.sft import run, main, make_parser, NAME
-    assert NAME == "trl_emo.sft"
-    from trl_emo.real_model import smollm2_instruct
-    import trl_emo.evaluation.sandbox as sandbox
-    from trl_emo.evaluation.code_execution import CodeJob, verdict
-    from trl_emo.evaluation.sandbox_uids import UNPRIVILEGED_UIDS, _lease_uid
-    assert CodeJob is sandbox.CodeJob and UNPRIVILEGED_UIDS is sandbox.UNPRIVILEGED_UIDS and verdict and _lease_uid
-    try:
-        trl_emo.hub_check.no_such_name
-    except AttributeError as exc:
-        print("missing:", exc)
-    print("ok")
-    """
-)
 
-
-def test_the_old_module_names_still_import():
-    result = subprocess.run([sys.executable, "-c", OLD_NAMES], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[-1] == "ok"
-    assert "warned: trl_emo.config moved to trl_emo.training.config" in result.stdout
-    assert ("warned: trl_emo.evaluation.sandbox_uids moved to trl_emo.evaluation.sandbox._uids (private: import from "
-            "trl_emo.evaluation.sandbox)") in result.stdout
-    assert any(line.startswith("missing: module 'trl_emo.hub_check' has no attribute 'no_such_name'") for line in lines)
-
-
-EVERY_OLD_NAME = textwrap.dedent(
-    """
-    import importlib, warnings
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from trl_emo.commands.moved import MOVED, SPLIT
-    for old, new in MOVED.items():
-        module = importlib.import_module(old)
-        assert module is importlib.import_module(new), (old, new)
-    for old, places in SPLIT.items():
-        module = importlib.import_module(old)
-        for name in getattr(module, "__all__", []):
-            getattr(module, name)  # every name the split module answers resolves in its new home
-    from trl_emo import *  # the public API, star-imported
-    assert SFTTrainer and SFTConfig
-    from trl_emo.core.errors import HubAccessError
-    import trl_emo.hub_check as hub_check
-    assert hub_check.HubAccessError is HubAccessError
-    print("every old name ok")
-    """
-)
-
-
-def test_every_old_name_resolves_to_its_new_home_and_runs_as_a_module():
-    """Each entry of the alias table imports the same module object as its target; `python -m` on an old command
-    name (`trl_emo.demo`) still runs the command."""
-    result = subprocess.run([sys.executable, "-c", EVERY_OLD_NAME], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().endswith("every old name ok")
-    demo = subprocess.run([sys.executable, "-m", "trl_emo.demo", "--help"], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                          capture_output=True, text=True, timeout=120)
-    assert demo.returncode == 0 and "usage:" in demo.stdout, demo.stderr[-2000:]
+    for old in ("trl_emo.config", "trl_emo.sources", "trl_emo.hub_check", "trl_emo.evaluation.sandbox_uids"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert not any("trl_emo" in type(finder).__module__ for finder in sys.meta_path)
+    assert trl_emo.SFTConfig.__module__ == "trl_emo.training.config"

@@ -22,6 +22,21 @@ def test_bundled_sample_is_what_the_generator_writes():
     assert make_rows() == make_rows()  # deterministic
 
 
+def test_the_chain_samples_are_what_their_generator_writes_in_the_hub_schemas():
+    """`trl-emo demo --chain`'s samples: as `python -m trl_emo.data.chain_samples` writes them (run it and commit the
+    files if this fails), in UltraFeedback's and GSM8K's schemas, every rejected answer wrong, no problem shared."""
+    from trl_emo.data import chain_samples, gsm8k_sample_path, ultrafeedback_sample_path
+    for path, content in chain_samples.make_files().items():
+        assert path.read_text(encoding="utf-8") == content, path
+    assert chain_samples.main(["--check"]) == 0
+    prefs = [json.loads(line) for line in open(f"{ultrafeedback_sample_path()}/train_prefs.jsonl", encoding="utf-8")]
+    assert set(prefs[0]) == {"prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen", "score_rejected"}
+    assert all(r["chosen"][0] == r["rejected"][0] and r["chosen"][1] != r["rejected"][1] for r in prefs)
+    problems = [json.loads(line) for line in open(f"{gsm8k_sample_path()}/train.jsonl", encoding="utf-8")]
+    assert all(set(r) == {"question", "answer"} and "\n#### " in r["answer"] for r in problems)
+    assert not {r["question"] for r in problems} & {r["prompt"] for r in prefs}
+
+
 def test_bundled_sample_has_the_alpaca_gpt4_schema():
     rows = read_sample()
     assert 400 <= len(rows) <= 800

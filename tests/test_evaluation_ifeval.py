@@ -118,7 +118,7 @@ def test_missing_nltk_data_is_one_line_before_any_generation(assets, scripted_po
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "empty")])
     assert run(["--recipe", ifeval_recipe(assets, tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {NLTK_DATA_MISSING}" and "python -m nltk.downloader punkt_tab" in err
+    assert err == f"trl_emo.evaluate: error: {NLTK_DATA_MISSING}" and "python -m nltk.downloader punkt_tab" in err
     assert scripted_policy == {"greedy": 0, "sampled": 0}
 
 

@@ -2,7 +2,7 @@
 checkpoint written by something else, a relaunch with one command (`resume_from_checkpoint: auto`), two processes.
 
 Every stateful loss (GEM with a target entropy, SED-SFT's calibrated threshold, EKSFT's and ASFT's frozen reference,
-EMO's frozen cost embedding) and `trl_emo.dpo` and `trl_emo.grpo` are killed at a seeded step, relaunched with `auto`,
+EMO's frozen cost embedding, PSFT's old policy, CurioSFT's teacher) and `trl_emo.dpo` and `trl_emo.grpo` are killed at a seeded step, relaunched with `auto`,
 and must end with the weights of an uninterrupted run, bit for bit. The runs are children forked from a server that
 imported the stack once (`fault_injection`); the fault matrix is in docs/reliability.md.
 """
@@ -76,6 +76,10 @@ RUNS = {
     "eksft_frozen_reference": ("sft", lambda a: sft_argv(a, "--loss_type", "eksft")),
     "asft_frozen_reference": ("sft", lambda a: sft_argv(a, "--loss_type", "asft")),
     "emo_frozen_cost": ("sft", lambda a: sft_argv(a, "--loss_type", "emo")),
+    # A window of 3 and a mix every 2 steps: the checkpoint of step 2 holds an old policy (the start's) and a teacher
+    # (mixed at step 2) that differ from its weights, which the resumed steps read.
+    "psft_old_policy": ("sft", lambda a: sft_argv(a, "--loss_type", "psft", "--psft_old_policy_steps", "3")),
+    "curio_sft_teacher": ("sft", lambda a: sft_argv(a, "--loss_type", "curio_sft", "--curio_teacher_sync_steps", "2")),
     "dpo": ("dpo", dpo_argv),
     "grpo": ("grpo", grpo_argv),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -190,6 +191,20 @@ def test_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu)
     assert "\n" not in err and "--bf16 false" in err
 
 
+def test_bf16_false_on_the_command_line_trains_in_float32(models, tmp_path, capsys, no_gpu):
+    """The advice of the line above works: `--bf16 false` loads the recipe's `dtype: bfloat16` model in float32 (and
+    says so), unless `--dtype` is given too; a recipe's own `bf16: false` is left as written."""
+    argv = ["--recipe", "emo_alpaca_gpt4", "--model_name_or_path", models["chat"], "--dataset_name", models["alpaca"],
+            "--output_dir", str(tmp_path), "--dry_run", "--bf16", "false"]
+    assert sft.run(argv) == 0
+    out = capsys.readouterr().out
+    assert "dtype: float32" in out and "bfloat16" not in out.split("model_init_kwargs:", 1)[1].split("\n\n", 1)[0]
+    assert "--bf16 false: the model loads and trains in float32" in out
+    assert sft.run([*argv, "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype: bfloat16" in out and "--bf16 false: the model" not in out
+
+
 def test_dpo_dry_run_of_a_bf16_recipe_needs_no_gpu(models, tmp_path, capsys, no_gpu):
     from trl_emo.commands import dpo
 
@@ -207,15 +222,39 @@ NOISE = ("kernels-community", "FutureWarning", "is deprecated", "Setting acceler
 
 def test_a_command_prints_no_noise_from_unused_packages(models, tmp_path):
     """A paper recipe (activation checkpointing on, no quantization, no DeepSpeed) trained for one step in a fresh
-    process: stdout and stderr hold no notice from bitsandbytes or DeepSpeed and no deprecation warning."""
+    process: stdout and stderr hold no notice from bitsandbytes or DeepSpeed and no deprecation warning; `--bf16
+    false` alone (the recipe says `dtype: bfloat16`) saves a float32 model; the package's own log lines show."""
     argv = [sys.executable, "-m", "trl_emo.sft", "--recipe", "gem_ultrafeedback", "--model_name_or_path", models["chat"],
             "--chat_template_path", "", "--dataset_name", models["ultrafeedback"], "--output_dir", str(tmp_path),
-            "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--max_steps", "1", "--eval_strategy", "no",
+            "--use_cpu", "true", "--bf16", "false", "--max_steps", "1", "--eval_strategy", "no",
             "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--save_strategy", "no"]
     result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     for noise in NOISE:
         assert noise not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
+    assert "(schema ultrafeedback" in result.stdout  # trl_emo's INFO line on the data, from the main process
+
+
+def test_the_python_api_prints_no_noise_from_unused_packages():
+    """The same notices held back in the Python API: importing `trl_emo.SFTTrainer` (which imports PEFT, which imports
+    bitsandbytes) prints nothing."""
+    code = "import trl_emo; trl_emo.SFTTrainer; import bitsandbytes, peft; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    for noise in NOISE:
+        assert noise not in result.stderr, result.stderr
+
+
+def test_an_empty_model_is_one_line(capsys):
+    """`trl-emo demo --model "$(python -m trl_emo.real_model)"` when the real model is not installed: the inner
+    command says what to install, and the empty --model is one line too, not a traceback."""
+    from trl_emo.commands import demo
+
+    assert demo.run(["--model", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("trl-emo demo: error: --model is empty")
 
 
 def test_the_deprecated_checkpointing_flag_still_overrides_the_recipe(models, tmp_path, capsys):

@@ -172,7 +172,8 @@ def _gpu_config(output_dir, **overrides):
 
 TRAINER_LOSSES = [("gem", {}), ("gem", {"gem_h": "logsigmoid"}), ("emo", {}), ("emo", {"emo_cost_embedding": "lm_head"}),
                   ("tailr", {}), ("mixce", {}), ("ce_entropy", {}), ("sed", {}), ("eksft", {}),
-                  ("eksft", {"eksft_formula": "authors"}), ("nll", {})]
+                  ("eksft", {"eksft_formula": "authors"}), ("psft", {"psft_old_policy_steps": 2}),
+                  ("curio_sft", {"curio_teacher_sync_steps": 1}), ("nll", {})]
 
 
 @pytest.mark.parametrize(("loss_type", "extra"), TRAINER_LOSSES, ids=[f"{n}-{len(e)}" for n, e in TRAINER_LOSSES])
@@ -190,7 +191,7 @@ def test_two_trainer_steps_per_loss_on_cuda(tmp_path, make_model, tokenizer, pc_
     assert any(not torch.equal(a, b.to(a.device)) for a, b in zip(before, trainer.model.parameters()))
 
 
-@pytest.mark.parametrize("loss_type", ["gem", "emo"])
+@pytest.mark.parametrize("loss_type", ["gem", "emo", "curio_sft"])
 def test_qlora_on_cuda(tmp_path, make_model, tokenizer, pc_dataset, loss_type):
     pytest.importorskip("bitsandbytes")
     from peft import LoraConfig

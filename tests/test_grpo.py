@@ -23,7 +23,7 @@ from trl_emo.commands import grpo, sft
 from trl_emo.evaluation.rewards import REWARDS, completion_text, format_reward, gsm8k_answer, math_answer
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))
+RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))  # the paper's (demo_grpo: the chain's test, test_commands)
 
 
 def chat(text):
@@ -261,6 +261,37 @@ def test_two_steps_from_a_lora_adapter_merged_first_then_a_new_adapter(tiny, tmp
     # The new adapter names the merged SFT model (an absolute path) as its base: evaluation loads and merges it.
     assert adapter_base(str(out)) == str(merged.resolve())
     assert load_causal_lm(str(out)).config.vocab_size > 0
+
+
+def test_a_reward_that_never_fires_is_said_once(tiny, tmp_path, capsys):
+    """A tiny model never writes a boxed answer: `math_answer` scores every completion 0, the groups have no spread,
+    and the command warns once (TRL's log alone shows only zeros)."""
+    from trl_emo.training.reward_signal import RewardNeverFires
+
+    out = tmp_path / "grpo"
+    assert grpo.run(["--model_name_or_path", tiny["full"], "--dataset_name", tiny["math"], *short(out)]) == 0
+    rows = log_rows(out)
+    assert all(row["reward"] == 0 and row["frac_reward_zero_std"] == 1 for row in rows), rows
+    assert capsys.readouterr().err.count("The reward never fires") == 1
+
+    # The rule on TRL's logged windows: silent as soon as one window has a reward or a spread; once at most.
+    class State:
+        global_step, max_steps = 0, 10
+
+    def warnings_for(windows, max_steps=10):
+        callback, state, said = RewardNeverFires(["gsm8k_answer"]), State(), []
+        state.max_steps = max_steps
+        callback._warn = lambda steps: (said.append(steps), setattr(callback, "done", True))
+        for step, (reward, zero_std) in enumerate(windows, 1):
+            state.global_step = step
+            callback.on_log(None, state, None, logs={"reward": reward, "frac_reward_zero_std": zero_std})
+        callback.on_train_end(None, state, None)
+        return said
+
+    assert warnings_for([(0.0, 1.0)] * 6) == [4]
+    assert warnings_for([(0.0, 1.0)] * 2, max_steps=2) == [2]
+    assert warnings_for([(0.0, 1.0), (0.0, 0.5), (0.0, 1.0), (0.0, 1.0)]) == []  # one group with a spread
+    assert warnings_for([(0.0, 1.0), (0.25, 1.0)]) == []  # every completion of a group right: reward, no spread
 
 
 def test_dry_run_prints_the_configuration_prompts_and_reference_answers(tiny, tmp_path, capsys):

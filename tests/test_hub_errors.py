@@ -56,7 +56,8 @@ def local(tmp_path_factory):
     (root / "model" / "config.json").write_text("{}")  # a folder without one is an error of its own (test_bad_inputs)
     adapter = root / "adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "nobody/base", "r": 4}))
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "nobody/base", "r": 4,
+                                                                   "peft_type": "LORA"}))
     prompts = root / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "what is 1 plus 1?"}) + "\n")
     return {"root": root, "model": str(root / "model"), "adapter": str(adapter), "prompts": str(prompts),
@@ -170,9 +171,9 @@ def test_dpo_names_the_model_and_an_adapters_base(local, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--policies", "ce=nobody/policy"], "error: policies[ce]: 'nobody/policy' is no local folder"),
-        (["--reward_model", "nobody/rm"], "error: reward_model: 'nobody/rm' is no local folder"),
-        (["--prompts", "nobody/prompts"], "error: prompts: 'nobody/prompts' is no local file or folder"),
+        (["--policies", "ce=nobody/policy"], "trl_emo.evaluate: error: policies[ce]: 'nobody/policy' is no local folder"),
+        (["--reward_model", "nobody/rm"], "trl_emo.evaluate: error: reward_model: 'nobody/rm' is no local folder"),
+        (["--prompts", "nobody/prompts"], "trl_emo.evaluate: error: prompts: 'nobody/prompts' is no local file or folder"),
     ],
 )
 def test_evaluation_names_the_field(local, tmp_path, capsys, extra, message):
@@ -337,3 +338,28 @@ def test_a_command_defaults_to_offline_only_when_nothing_it_names_needs_the_hub(
     assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ
     offline_unless_hub(None, str(tmp_path), str(tmp_path / "model.gguf"))  # nothing, a folder, a (missing) file
     assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_a_hub_adapter_is_detected_through_peft_offline(empty_cache):
+    """A LoRA adapter named by its Hub id is an adapter (PEFT reads its cached adapter_config.json), checked by its
+    own file and its base model; an id the cache does not know, offline, is not taken for one, and the preflight says
+    in one line that it is not cached."""
+    from trl_emo.models.hub_ids import model_sources
+    from trl_emo.models.sources import adapter_base
+
+    snapshot = empty_cache / "hub-cache" / "models--org--adapter" / "snapshots" / ("2" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path":
+                                                              "org/base", "r": 4}))
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("2" * 40)
+    assert adapter_base("org/adapter") == "org/base"
+    sources = model_sources("model_name_or_path", "org/adapter")
+    assert [(s.field, s.repo_id, s.filename) for s in sources] == [
+        ("model_name_or_path", "org/adapter", "adapter_config.json"),
+        ("the base model of the adapter in model_name_or_path", "org/base", "config.json")]
+    with pytest.raises(HubAccessError, match="the base model of the adapter in model_name_or_path: 'org/base'"):
+        check_sources(sources)  # the adapter is cached, its base is not
+    assert adapter_base("org/unknown") is None
+    with pytest.raises(HubAccessError, match="no copy in the local Hugging Face cache while offline mode is on"):
+        check_sources(model_sources("model_name_or_path", "org/unknown"))

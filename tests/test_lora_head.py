@@ -108,9 +108,13 @@ def test_modules_to_save_head_trains_as_a_plain_head(make_model, tokenizer):
     assert_same(grads)
 
 
-def test_dora_on_the_head_is_a_one_line_error(make_model, tokenizer):
-    with pytest.raises(ValueError, match="DoRA on lm_head") as info:
-        build(make_model(), tokenizer, conversation_rows(8), "gem", lora_config(use_dora=True))
+@pytest.mark.parametrize(("loss_type", "dora", "match"), [
+    ("gem", True, "DoRA on lm_head"),
+    ("psft", False, "LoRA adapter on lm_head with a lagged old policy"),  # the lagged copy's head has its own adapter
+])
+def test_what_the_fused_path_cannot_compute_is_a_one_line_error(make_model, tokenizer, loss_type, dora, match):
+    with pytest.raises(ValueError, match=match) as info:
+        build(make_model(), tokenizer, conversation_rows(8), loss_type, lora_config(use_dora=dora))
     assert "\n" not in str(info.value) and "loss_implementation='logits'" in str(info.value)
 
 

@@ -13,9 +13,11 @@ from trl_emo.commands import dpo, sft
 from trl_emo.commands.dry_run import MASK_CLOSE, MASK_OPEN
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("dpo_", "eval_", "grpo_")))  # GRPO: test_grpo
+# GRPO recipes (grpo_*, demo_grpo): test_grpo; the chain's DPO stage (demo_dpo) is a DPO recipe.
+SFT_RECIPES = sorted(p for p in RECIPES.glob("*.yaml")
+                     if not p.name.startswith(("dpo_", "eval_", "grpo_")) and p.stem not in ("demo_dpo", "demo_grpo"))
 EVAL_RECIPES = sorted(RECIPES.glob("eval_*.yaml"))
-DPO_RECIPES = sorted(RECIPES.glob("dpo_*.yaml"))
+DPO_RECIPES = sorted([*RECIPES.glob("dpo_*.yaml"), RECIPES / "demo_dpo.yaml"])
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def recipe_overrides(recipe: Path, tiny_models, fixtures: Path):
 def test_there_is_a_recipe_for_every_paper_setting():
     names = {p.name for p in RECIPES.glob("*.yaml")}
     for base in ("gem_ultrafeedback", "emo_alpaca_gpt4", "emo_evol_instruct", "gem_metamath", "gem_magicoder", "dpo_ultrafeedback",
-                 "emo_wikitext103_continual", "sed_miromind", "eksft_openr1_math"):
+                 "emo_wikitext103_continual", "sed_miromind", "eksft_openr1_math", "psft_openr1_math", "curio_sft_openr1_math"):
         assert f"{base}.yaml" in names and f"{base}_qlora.yaml" in names, base
     assert "emo_lm_gpt2.yaml" in names and {"eval_continuation.yaml", "eval_icl.yaml"} <= names
     assert {p.name for p in (RECIPES / "accelerate").glob("*.yaml")} == {"ddp.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}

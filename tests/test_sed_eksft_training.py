@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from conftest import cpu_config
+from conftest import cpu_config, four_bit_model
 from trl_emo import SFTTrainer
 from trl_emo.losses.sed import threshold_from_masses, top_k_mass
 from trl_emo.training import sed_threshold
@@ -246,15 +246,7 @@ def test_eksft_ratio_zero_is_cross_entropy_without_a_reference(tmp_path, make_mo
 
 def test_qlora_4bit_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):
     """EKSFT, the loss with the most machinery (its reference is the 4-bit base with the adapters off)."""
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    make_model(hidden_size=64, intermediate_size=128).save_pretrained(str(tmp_path / "base"))
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "base"), quantization_config=quant, dtype=torch.float32, device_map={"": "cpu"}
-    )
-    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    model, peft_config = four_bit_model(tmp_path / "base", make_model)
     args = cpu_config(tmp_path / "out", loss_type="eksft", max_steps=3, learning_rate=1e-2)
     trainer = SFTTrainer(model=model, args=args, train_dataset=pc_dataset, processing_class=tokenizer,
                          peft_config=peft_config)

@@ -173,31 +173,39 @@ def one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
-def run_command(make_parser, main, argv: Sequence[str] | None = None, error_prefix: str = "") -> int:
+def run_command(make_parser, main, argv: Sequence[str] | None = None, error_prefix: str = "trl-emo",
+                short_help=None) -> int:
     """Parse `argv` (default `sys.argv[1:]`) with `make_parser()` and run `main` on the result; the exit status.
 
     The notices of unused optional packages are held back before anything is imported (`trl_emo.core.noise`). An unusable
     command line, or a Hub id the command cannot load (`trl_emo.core.errors.HubAccessError`, raised by `main`), is a
-    one-line error on stderr (status 2); `--help` prints the help (status 0).
+    one-line error on stderr naming the command (`error_prefix: error: ...`, status 2); `--help` prints the help (status 0): `short_help()`'s text when given, before
+    the parser is built (which imports TRL), and the parser's full help for `--help-all`.
     """
     from ..core.noise import quiet_optional_packages
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if short_help is not None:
+        if any(arg in ("-h", "--help") for arg in argv):
+            print(short_help())
+            return 0
+        argv = ["--help" if arg == "--help-all" else arg for arg in argv]
     quiet_optional_packages()
     parser = make_parser()
     try:
         if hasattr(parser, "parse_command_line"):
             args = parser.parse_command_line(argv)
         else:
-            args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+            args = parser.parse_args(argv)
     except ConfigError as exc:
-        print(f"{error_prefix}: error: {one_line(exc)}" if error_prefix else f"error: {one_line(exc)}", file=sys.stderr)
+        print(f"{error_prefix}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help (0), or an error argparse already printed (2)
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
     try:
         return main(args)
     except HubAccessError as exc:  # for every command, `trl-emo demo --model` included
-        print(f"{error_prefix}: error: {one_line(exc)}" if error_prefix else f"error: {one_line(exc)}", file=sys.stderr)
+        print(f"{error_prefix}: error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 

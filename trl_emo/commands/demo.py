@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
+
+from ..models.tiny import DEMO_MODEL_SIZE as MODEL_SIZE  # the demo's tiny Llama (the chain's too)
 
 HELD_OUT_EVERY = 10  # every 10th sample row is held out
 DEFAULT_RECIPE = "demo"  # the packaged recipe (trl_emo/commands/recipes.py)
@@ -23,7 +26,6 @@ PRETRAINED_RECIPE = "demo_pretrained"  # with --model: LoRA on a pretrained mode
 DEFAULTS = dict(max_steps=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=48)  # max_steps: the recipe's
 # `--quick`: enough to see every stage run (train, evaluate, sample) in well under a minute.
 QUICK = dict(max_steps=3, num_prompts=2, samples_per_prompt=2, max_new_tokens=8)
-MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
 
 
 def make_parser(subparsers=None, prog: str | None = None):
@@ -33,7 +35,11 @@ def make_parser(subparsers=None, prog: str | None = None):
         parser = subparsers.add_parser("demo", help="GEM vs cross-entropy on a tiny model, offline", **kwargs)
     else:
         parser = argparse.ArgumentParser(prog=prog or "trl-emo demo", **kwargs)
-    parser.add_argument("--output_dir", default="trl_emo_demo", help="Where the data, models and summary go.")
+    parser.add_argument("--output_dir", default=None, help="Where the data, models and summary go (default "
+                        "trl_emo_demo; with --chain, trl_emo_chain).")
+    parser.add_argument("--chain", action="store_true", help="The whole chain on the bundled samples: SFT with each "
+                        "loss, DPO, a reward model built on the fly, best-of-n under it, GRPO on verifiable problems, "
+                        "evaluation; each stage through its command, printed (a few minutes on the tiny model).")
     parser.add_argument("--model", default=None, metavar="PATH_OR_ID",
                         help="Fine-tune this pretrained model instead of a tiny one trained from scratch: a Hub id, a "
                         "local model folder or a .gguf file (e.g. `\"$(python -m trl_emo.real_model)\"`: "
@@ -124,6 +130,7 @@ def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_to
 
     from ..data import alpaca_prompt, resolve_prompt_format
     from ..data.prompts import user_content
+    from ..core.optional import SACREBLEU
     from ..evaluation.metrics import ngram_diversity, self_bleu_diversity
     from ..training.heldout import heldout_statistics, prepare_rows
     from ..models.sources import load_causal_lm, load_tokenizer
@@ -154,7 +161,8 @@ def evaluate_one(run_dir, test_rows, num_prompts, samples_per_prompt, max_new_to
                                  pad_token_id=tokenizer.pad_token_id)
         groups.append(tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True))
     distinct = sum(ngram_diversity(g) for g in groups) / len(groups)
-    bleu_values = [v for v in (self_bleu_diversity(g) for g in groups) if v is not None]
+    # Self-BLEU is sacrebleu's (the `eval` extra): without it the column shows "—" and the table says what to install.
+    bleu_values = [v for v in (self_bleu_diversity(g) for g in groups) if v is not None] if SACREBLEU.installed() else []
     return {
         "held_out_cross_entropy": heldout["cross_entropy"],
         "held_out_entropy": heldout["entropy"],
@@ -176,21 +184,39 @@ def format_table(results: dict, seconds: dict) -> str:
     width = max(len(label) for label, _, _ in rows) + 2
     lines = [" " * width + "".join(f"{name:>12}" for name in names)]
     for label, key, fmt in rows:
-        cells = "".join(f"{(fmt.format(results[n][key]) if results[n][key] is not None else 'n/a'):>12}" for n in names)
+        cells = "".join(f"{(fmt.format(results[n][key]) if results[n][key] is not None else '—'):>12}" for n in names)
         lines.append(f"{label:<{width}}{cells}")
     lines.append(f"{'training time (s)':<{width}}"
                  + "".join(f"{seconds[n]:>12.0f}" if seconds.get(n) is not None else f"{'—':>12}" for n in names))
+    if any(results[n]["self_bleu_diversity"] is None for n in names):
+        from ..core.optional import SACREBLEU
+
+        if not SACREBLEU.installed():
+            lines.append(f"(—: self-BLEU needs sacrebleu: pip install 'trl-emo[{SACREBLEU.extra}]')")
     return "\n".join(lines)
 
 
 def main(args) -> int:
     """Run the demo from its parsed command line (`make_parser().parse_args(argv)`)."""
+    from ..core.hub import offline_unless_hub
+    from ..core.logs import setup_command_logging
     from ..core.noise import quiet_optional_packages
     from .recipes import RecipeNotFound
-    from ..core.hub import offline_unless_hub
 
     quiet_optional_packages()
+    setup_command_logging(logging.INFO)
     offline_unless_hub(args.model)  # the tiny model, a local folder or .gguf file need no Hub
+    if args.model is not None and not args.model.strip():
+        print("trl-emo demo: error: --model is empty (did `$(python -m trl_emo.real_model)` fail? It prints what to "
+              "install); give a local model folder, a .gguf file or a Hub id, or leave --model out for the tiny model.",
+              file=sys.stderr)
+        return 2
+    if args.chain:
+        from .chain import main as chain
+
+        args.output_dir = args.output_dir or "trl_emo_chain"
+        return chain(args)
+    args.output_dir = args.output_dir or "trl_emo_demo"
     try:
         args = resolve_settings(args)
     except RecipeNotFound as exc:
@@ -209,14 +235,11 @@ def main(args) -> int:
         )
         print(f"[demo] model: tiny Llama ({MODEL_SIZE['hidden_size']} hidden, {MODEL_SIZE['num_hidden_layers']} layers), cached in {model_path}")
     else:
-        from ..models.hub_ids import check_hub_ids
-        from ..models.real_model import RealModelUnavailable, resolve_model
+        from ..models.real_model import RealModelUnavailable, pretrained_model
 
-        # A Hub id that cannot be loaded (offline and not cached, gated, not found) is one line before any work.
-        check_hub_ids({"--model": args.model})
-        try:
-            model_path = resolve_model(args.model)
-        except (RealModelUnavailable, FileNotFoundError, ValueError) as exc:
+        try:  # a Hub id that cannot be loaded, a bad .gguf file: one line before any work
+            model_path = pretrained_model(args.model)
+        except RealModelUnavailable as exc:
             print(f"trl-emo demo: error: {exc}", file=sys.stderr)
             return 2
     recipe = recipe_settings(args.recipe)
@@ -268,7 +291,7 @@ def run(argv=None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status."""
     from .command_line import run_command
 
-    return run_command(make_parser, main, argv)
+    return run_command(make_parser, main, argv, error_prefix="trl-emo demo")
 
 
 if __name__ == "__main__":

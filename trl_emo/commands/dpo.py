@@ -61,7 +61,14 @@ def main(args: CommandLine) -> int:
 
 def run(argv=None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status (2 for a bad command line or data)."""
-    return run_command(make_parser, main, argv, error_prefix=NAME)
+    return run_command(make_parser, main, argv, error_prefix=NAME, short_help=lambda: short_help("python -m trl_emo.dpo"))
+
+
+def short_help(prog: str) -> str:
+    """The short `--help` (the options changed most; `--help-all` for every one), without importing TRL."""
+    from .short_help import short_help as text
+
+    return text("dpo", prog)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ and flags into one `EvalConfig`); `run(argv)` does both and returns the exit sta
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
-from .command_line import CommandLine, check_parsed, run_command
+from .command_line import CommandLine, check_parsed, one_line, run_command
 from ..core.errors import ConfigError
 from ..evaluation.config import EvalConfig
 from ..evaluation.errors import EvaluationError
@@ -51,18 +52,20 @@ def main(args: CommandLine) -> int:
     Returns 0 on success, 2 for an unusable configuration or input (the message goes to stderr).
     """
     from ..core.errors import HubAccessError
+    from ..core.logs import setup_command_logging
     from ..core.noise import quiet_optional_packages
     from ..models.sources import SourceError
 
     check_parsed(args, NAME)
     quiet_optional_packages()
+    setup_command_logging(logging.INFO)
     (config,) = args.values
     try:
         from ..evaluation.pipeline import run_evaluation
 
         run_evaluation(config)
     except (ConfigError, EvaluationError, SourceError, HubAccessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{NAME}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     with open(f"{config.output_dir}/summary.md", encoding="utf-8") as handle:
         print(handle.read())
@@ -75,7 +78,7 @@ def main(args: CommandLine) -> int:
 
 def run(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status. `--list_tasks` prints the tasks."""
-    return run_command(make_parser, main, argv)
+    return run_command(make_parser, main, argv, error_prefix=NAME)
 
 
 if __name__ == "__main__":

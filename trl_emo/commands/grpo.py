@@ -57,8 +57,13 @@ def _build_trainer(grpo_run):
 
     from ..training.checkpoints import with_atomic_checkpoints
 
-    return build_trainer(with_atomic_checkpoints(GRPOTrainer), grpo_run, grpo_run.policy,
-                         reward_funcs=grpo_run.reward_funcs)
+    from ..training.reward_signal import RewardNeverFires
+
+    trainer = build_trainer(with_atomic_checkpoints(GRPOTrainer), grpo_run, grpo_run.policy,
+                            reward_funcs=grpo_run.reward_funcs)
+    # A reward that never fires trains nothing, silently in TRL's log: warn once (trl_emo.training.reward_signal).
+    trainer.add_callback(RewardNeverFires([getattr(f, "__name__", str(f)) for f in grpo_run.reward_funcs]))
+    return trainer
 
 
 def _save(trainer, grpo_run) -> None:
@@ -85,7 +90,14 @@ def main(args: CommandLine) -> int:
 
 def run(argv=None) -> int:
     """Parse `argv` (default: `sys.argv[1:]`), then `main`; the exit status (2 for a bad command line or data)."""
-    return run_command(make_parser, main, argv, error_prefix=NAME)
+    return run_command(make_parser, main, argv, error_prefix=NAME, short_help=lambda: short_help("python -m trl_emo.grpo"))
+
+
+def short_help(prog: str) -> str:
+    """The short `--help` (the options changed most; `--help-all` for every one), without importing TRL."""
+    from .short_help import short_help as text
+
+    return text("grpo", prog)
 
 
 if __name__ == "__main__":

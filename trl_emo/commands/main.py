@@ -22,7 +22,7 @@ COMMANDS = {
     "grpo": ("trl_emo.commands.grpo", "GRPO with verifiable rewards on top of an SFT model or adapter (same as: python "
              "-m trl_emo.grpo)", "trl_emo.grpo"),
     "eval": ("trl_emo.commands.evaluate", "evaluate models side by side, best-of-n by default (same as: python -m "
-             "trl_emo.evaluate)", ""),
+             "trl_emo.evaluate)", "trl_emo.evaluate"),
     "demo": ("trl_emo.commands.demo", "GEM vs cross-entropy on a tiny model, offline, a few minutes on CPU (--quick: a "
              "smoke test)", "trl-emo demo"),
     "losses": ("trl_emo.commands.main", "list the registered loss types", "trl-emo losses"),
@@ -32,7 +32,7 @@ COMMANDS = {
 ALIASES = {"evaluate": "eval"}
 EPILOG = """sft, dpo, grpo and eval take --recipe NAME (a packaged recipe, e.g. gem_ultrafeedback) or --recipe
 FILE.yaml, flags override the recipe, and --dry_run (sft, dpo, grpo) prints the resolved configuration and examples.
-Every command takes --help."""
+Every command takes --help (sft, dpo and grpo: the options changed most; --help-all: every option)."""
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,9 @@ def make_parser() -> argparse.ArgumentParser:
         prog="trl-emo", description="EMO, GEM and friends as TRL losses: train, evaluate, try.", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"trl-emo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     for name, (_, help_text, _) in COMMANDS.items():
         aliases = [alias for alias, target in ALIASES.items() if target == name]
@@ -111,13 +114,13 @@ def recipes_main(args) -> int:
 
 
 def _command(name: str):
-    """(make_parser, main) of a command."""
+    """(make_parser, main, short_help or None) of a command."""
     if name == "losses":
-        return make_losses_parser, losses_main
+        return make_losses_parser, losses_main, None
     if name == "recipes":
-        return make_recipes_parser, recipes_main
+        return make_recipes_parser, recipes_main, None
     module = importlib.import_module(COMMANDS[name][0])
-    return module.make_parser, module.main
+    return module.make_parser, module.main, getattr(module, "short_help", None)
 
 
 def main(argv=None) -> int:
@@ -140,8 +143,10 @@ def main(argv=None) -> int:
         print(f"trl-emo: error: the first argument must be a command, got {argv[0]!r}", file=sys.stderr)
         return 2
     name = ALIASES.get(namespace.command, namespace.command)
-    make_command_parser, command_main = _command(name)
-    return run_command(lambda: make_command_parser(prog=f"trl-emo {name}"), command_main, argv[1:], COMMANDS[name][2])
+    make_command_parser, command_main, short_help = _command(name)
+    prog = f"trl-emo {name}"
+    return run_command(lambda: make_command_parser(prog=prog), command_main, argv[1:], COMMANDS[name][2],
+                       short_help=short_help and (lambda: short_help(prog)))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class CommandParser(TrlParser):
     def error(self, message: str):
         # argparse prints the whole usage before its message (235 lines for GRPO's options): one line instead, the
         # command's own prefix and exit status 2 added by `run_command`.
-        raise ConfigError(f"{message} (--help lists the options)")
+        raise ConfigError(f"{message} (--help-all lists the options)")
 
     def parse_args_and_config(self, args=None, return_remaining_strings=False, **kwargs):
         if return_remaining_strings:  # TRL's own command-line launcher asks for this
@@ -79,7 +79,7 @@ class CommandParser(TrlParser):
         argv = _rename_flags(normalize_argv(argv), self._renames, known)
         argv, config, recipe = self._read_recipe(argv, known)
         try:
-            return self._parse_once(argv, config, recipe, known)
+            return _dtype_follows_bf16(self._parse_once(argv, config, recipe, known), _given_flags(argv, known))
         except ConfigError as exc:
             if BF16_WITHOUT_GPU not in str(exc):
                 raise
@@ -154,6 +154,22 @@ class CommandParser(TrlParser):
                 action.default, action.required = default, required
         return CommandLine(tuple(values), frozenset(set(config) | _given_flags(argv, known)), recipe)
 
+def _dtype_follows_bf16(parsed: CommandLine, flags: set[str]) -> CommandLine:
+    """`--bf16 false` on the command line means float32 training: a recipe's `dtype: bfloat16` would otherwise load
+    the weights in bf16 and train them in pure bf16 (no mixed precision, a worse loss), the opposite of what the flag
+    asks. So the model's dtype becomes float32, with a note, unless `--dtype` is given on the command line too."""
+    if "bf16" not in flags or "dtype" in flags:
+        return parsed
+    training = next((v for v in parsed.values if hasattr(v, "bf16")), None)
+    model = next((v for v in parsed.values if hasattr(v, "dtype") and not hasattr(v, "bf16")), None)
+    if training is None or model is None or training.bf16 or str(model.dtype) != "bfloat16":
+        return parsed
+    model.dtype = "float32"
+    parsed.notes.append("--bf16 false: the model loads and trains in float32 (the recipe's dtype: bfloat16 would train "
+                        "it in pure bf16); pass --dtype bfloat16 to keep bf16 weights")
+    return parsed
+
+
 _UNUSED = re.compile(r"Some specified arguments are not used by the HfArgumentParser: (\[.*\])", re.DOTALL)
 
 
@@ -168,7 +184,7 @@ def unknown_flags_message(remaining: Sequence[str], known: Iterable[str]) -> str
         close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
         parts.append(f"--{name}" + (f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""))
     listed = "; ".join(parts) or " ".join(map(str, remaining))
-    return f"unknown option(s): {listed}; --help lists the options"
+    return f"unknown option(s): {listed}; --help-all lists the options"
 
 
 def command_parser(dataclass_types, subparsers=None, name: str | None = None, help: str | None = None, **kwargs):  # noqa: A002

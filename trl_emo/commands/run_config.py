@@ -315,7 +315,7 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
 @dataclass
 class DPORun:
     """The final configuration of a `trl_emo.dpo` run (see `SFTRun`); `policy` is the model DPO starts from: the SFT
-    model itself, or its adapter merged into the base (`<output_dir>/sft-merged`; not merged by a dry run)."""
+    model itself, or its adapter merged into the base (`<output_dir>/_sft-merged`; not merged by a dry run)."""
 
     script_args: Any
     training_args: Any

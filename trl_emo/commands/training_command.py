@@ -83,16 +83,21 @@ def run_training(command: TrainingCommand, args: CommandLine) -> int:
     from ..core.errors import ConfigError, HubAccessError
     from ..core.hub import hub_errors
     from ..core.noise import quiet_optional_packages, release_for
+    from ..core.logs import process_log_level, setup_command_logging
+    from ..core.optional import require
     from ..training.checkpoints import CheckpointSaveError
     from ..training.finish import end_run
 
     check_parsed(args, command.name)
     quiet_optional_packages()
+    training_args = next(v for v in args.values if hasattr(v, "get_process_log_level"))
+    setup_command_logging(process_log_level(training_args))  # before the data is read: its summary is logged
     try:
         run = command.resolve(args)
         if run.run_args.dry_run:
             command.print_dry_run(run)
             return 0
+        require(required_packages(run))
     except input_errors() as exc:
         return fail(command.name, exc)
     for note in run.notes:
@@ -129,6 +134,19 @@ def run_training(command: TrainingCommand, args: CommandLine) -> int:
         trainer.push_to_hub(dataset_name=run.script_args.dataset_name)
     end_run(trainer)
     return 0
+
+
+def required_packages(run) -> list:
+    """The optional packages a resolved run needs (`trl_emo.core.optional`): bitsandbytes for a 4-/8-bit model,
+    DeepSpeed for a DeepSpeed configuration. Checked before the model loads (a dry run loads none and needs neither)."""
+    from ..core import optional
+
+    needed = []
+    if getattr(run.model_args, "load_in_4bit", False) or getattr(run.model_args, "load_in_8bit", False):
+        needed.append(optional.BITSANDBYTES)
+    if getattr(run.training_args, "deepspeed", None):
+        needed.append(optional.DEEPSPEED)
+    return needed
 
 
 def check_kept_rows(command: TrainingCommand, run, trainer) -> None:

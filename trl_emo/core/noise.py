@@ -10,7 +10,9 @@ of them print a line at import on a machine without a GPU:
   the CPU accelerator. That only matters to a DeepSpeed run.
 
 The commands hold those notices back (`quiet_optional_packages`, before the imports) and let them through
-(`release`) when the run uses the package.
+(`release`) when the run uses the package. The Python API does the same: `trl_emo.SFTConfig`, `SFTTrainer` and the
+other lazily imported names call `quiet_optional_packages` before their first import (a k-bit model in your own script:
+`trl_emo.core.noise.release("bitsandbytes")` shows the held notice).
 
 They also drop the deprecation warnings that the libraries raise at each other (`quiet_library_deprecations`):
 transformers 5.23 renamed its `gradient_checkpointing` methods to `activation_checkpointing` and warns on every use of
@@ -52,12 +54,52 @@ class _HoldNotice(logging.Filter):
 _filters: dict[str, _HoldNotice] = {}
 
 
+class _FirstOnly(logging.Filter):
+    """Let through the first record whose message starts with `prefix`, drop the later ones."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.seen = prefix, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith(self.prefix):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+class _TiedHeadMissing(logging.Filter):
+    """Drop transformers' "missing keys" warning on resume when the only key missing is the tied output head."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != TIED_HEAD_MISSING
+
+
+# TRL 1.16's DPO warning says "This warning is shown once" but goes through `warning_once` with the example's text in
+# the message, so it shows once per distinct example (5 times on a small set): only the first goes through.
+ONCE_ONLY = {"trl.trainer.dpo_trainer": "The tokenized prompt is not a prefix of the tokenized prompt+completion"}
+# A model whose output head is tied to its input embedding (SmolLM2, the tiny test models) saves one tensor for both;
+# on resume transformers' Trainer loads the checkpoint with `strict=False` and warns about the head's key it did not
+# find (transformers 5.23, `Trainer._issue_warnings_after_load`), although the tie gives the head its weights. Only that
+# exact message is dropped: any other missing key still warns.
+TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
+_once_filters: dict[str, logging.Filter] = {}
+
+
 def quiet_optional_packages() -> None:
-    """Hold back the notices of `HELD_NOTICES` (call before the packages are imported; idempotent), and the
-    deprecation warnings the libraries raise at each other (`quiet_library_deprecations`).
+    """Hold back the notices of `HELD_NOTICES` (call before the packages are imported; idempotent), the deprecation
+    warnings the libraries raise at each other (`quiet_library_deprecations`), the repeats of TRL's DPO warning
+    that says it is shown once (`ONCE_ONLY`) and the tied head's "missing keys" on resume (`TIED_HEAD_MISSING`).
 
     A run under `accelerate launch` with DeepSpeed keeps DeepSpeed's notices."""
     quiet_library_deprecations()
+    for name, prefix in ONCE_ONLY.items():
+        if name not in _once_filters:
+            _once_filters[name] = _FirstOnly(prefix)
+            logging.getLogger(name).addFilter(_once_filters[name])
+    if "transformers.trainer" not in _once_filters:
+        _once_filters["transformers.trainer"] = _TiedHeadMissing()
+        logging.getLogger("transformers.trainer").addFilter(_once_filters["transformers.trainer"])
     for package, (name, text) in HELD_NOTICES.items():
         if package == "deepspeed" and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
             continue

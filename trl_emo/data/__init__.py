@@ -9,7 +9,7 @@ local file / folder -> `datasets.Dataset`), `arguments` (`DataArguments`), `prep
 
 from .adapters import OUTPUT_FORMATS, format_example, format_preference_example, output_format
 from .arguments import DataArguments
-from .bundled import ALPACA_SAMPLE_FILE, alpaca_sample_path
+from .bundled import ALPACA_SAMPLE_FILE, alpaca_sample_path, gsm8k_sample_path, ultrafeedback_sample_path
 from .info import DatasetInfo
 from .loading import SUPPORTED_EXTENSIONS, DataSource, load_split, resolve_source
 from .prepare import load_dpo_datasets, load_sft_datasets, resolve_prompt_format
@@ -53,6 +53,8 @@ __all__ = [
     "Schema",
     "alpaca_prompt",
     "alpaca_sample_path",
+    "gsm8k_sample_path",
+    "ultrafeedback_sample_path",
     "check_prompt_format",
     "conversation_to_alpaca",
     "detect_schema",

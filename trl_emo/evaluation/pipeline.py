@@ -12,6 +12,7 @@ import os
 
 from ..core.errors import HubSource
 from ..core.hub import check_sources, hub_errors
+from ..core.optional import require
 from .config import EvalConfig
 from .generation import import_vllm
 from .loading import adapter_base, check_model_source, free_memory
@@ -47,8 +48,10 @@ def make_task(config: EvalConfig) -> EvalTask:
 def run_evaluation(config: EvalConfig) -> dict:
     """Run (or resume) the evaluation described by `config`; return the summary written to summary.json.
 
-    Every Hub id it loads is checked first (`eval_sources`, `trl_emo.core.hub.check_sources`); a Hub failure, then or later, is a
+    The optional packages the task needs are checked first (`EvalTask.required_packages`: one line naming the package
+    and its extra). Every Hub id it loads is checked then (`eval_sources`, `trl_emo.core.hub.check_sources`); a Hub failure, then or later, is a
     `HubAccessError` naming the field."""
+    require(make_task(config).required_packages())  # before any Hub lookup, model or generation
     hub_sources = eval_sources(config)
     check_sources(hub_sources)
     with hub_errors(hub_sources):

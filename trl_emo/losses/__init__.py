@@ -17,6 +17,7 @@ fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the r
 from __future__ import annotations
 
 from . import asft, ce_entropy, dft, eaft, eksft, emo, gem, mixce, nll, sed, tailr
+from . import curio_sft, psft
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
@@ -44,6 +45,8 @@ add_loss(eaft.LOSS)
 add_loss(asft.LOSS)
 add_loss(sed.LOSS)
 add_loss(eksft.LOSS)
+add_loss(psft.LOSS)
+add_loss(curio_sft.LOSS)
 
 # The reference per-token functions under descriptive names.
 nll_per_token = nll.per_token
@@ -56,6 +59,8 @@ eaft_per_token = eaft.per_token
 asft_per_token = asft.per_token
 sed_per_token = sed.per_token
 eksft_per_token = eksft.per_token
+psft_per_token = psft.per_token
+curio_sft_per_token = curio_sft.per_token
 
 __all__ = [
     "BACKENDS",
@@ -71,6 +76,7 @@ __all__ = [
     "causal_lm_loss",
     "asft_per_token",
     "ce_entropy_per_token",
+    "curio_sft_per_token",
     "eaft_per_token",
     "eksft_per_token",
     "emo_per_token",
@@ -83,6 +89,7 @@ __all__ = [
     "logit_transform_of",
     "mixce_per_token",
     "nll_per_token",
+    "psft_per_token",
     "ReferenceHead",
     "register_loss",
     "select_targets",

@@ -22,9 +22,9 @@ the other logits averages out over the vocabulary.
 
 A launcher passes `**launch.meta("<kernel name>")`: the flags, and the `BLOCK` and `num_warps` that
 `LAUNCH_CONFIGS` holds for that kernel on the GPU's compute capability (a third-party kernel adds its
-own with `register_launch_config`, or takes `"default"`). `python -m trl_emo.losses.aot_compile`
+own with `register_launch_config`, or takes `"default"`). `python benchmarks/aot_compile.py`
 compiles every registered loss's kernels for sm_80/86/89/90 without a GPU and reports ptxas's
-registers and spills (`aot_compile.py`).
+registers and spills (a CI check outside the package).
 
 Without Triton this module still imports: `HAS_TRITON` is False, `triton.jit` leaves functions
 undecorated, and the fused path never selects a row kernel.

@@ -128,6 +128,12 @@ class LossSpec:
         prepared_rows: the names of the per-row tensors `prepare` hands the loss pass (a `RowTensors` under the
             hyper-parameter `weights`), so that the ahead-of-time compile can launch the loss pass's kernel too; the
             row kernel launched without them is the first pass's.
+        lagged_reference: for a loss whose reference follows the policy instead of staying frozen (PSFT's old policy,
+            CurioSFT's teacher), `lagged_reference(hparams) -> (every, mixup)`: every `every` optimizer steps the
+            reference's trainable weights become `(1 - mixup) * reference + mixup * policy` (a copy when `mixup` is 1).
+            The trainer keeps those weights (`training/lagged_policy.py`: the adapters alone under PEFT), saves them with
+            each checkpoint and hands the loss `reference=None` while they equal the policy's; such a loss reads
+            `reference=None` as "the policy itself", so its `needs_reference` says no reference model must run.
         label_rows: whether the loss also reads the positions whose *input-aligned* label is a target token (the
             convention of LLaMA-Factory's labels, one position after each target position), or a function of the
             hyper-parameters saying it (EKSFT with `eksft_formula="authors"`). The rows then handed to the loss are
@@ -159,6 +165,7 @@ class LossSpec:
     prepare: Callable[..., dict] | None = None
     prepared_rows: tuple[str, ...] = ()
     label_rows: bool | Callable[[dict], bool] = False
+    lagged_reference: Callable[[dict], tuple[int, float]] | None = None
     token_weights: str = "scale"
 
     def __post_init__(self):

@@ -10,9 +10,10 @@ loss = loss_fn(hidden, model.lm_head.weight, labels)       # labels: -100 ignore
 loss.backward()
 ```
 
-Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch` and a
-reference model's hidden states and head (ASFT, EKSFT); computes the loss chunk by chunk (`fused.fused_linear_loss`),
-never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
+Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
+reference model's hidden states and head (ASFT, EKSFT; PSFT's old policy, CurioSFT's teacher) and PSFT's old
+log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`), never the whole `[tokens, vocab]`
+logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
 transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
 
 The hyper-parameters are the loss's keywords (`beta`, or its `SFTConfig` field name `gem_beta`), their defaults the
@@ -42,10 +43,10 @@ from ._common import (
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadAdapter, HeadTransform, fused_linear_loss
-from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, get_loss
+from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, RowTensors, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights", TOKEN_WEIGHTS)
+_INPUTS = ("reference", "cost_embedding", ROLES, "weights", "old_logp", TOKEN_WEIGHTS)
 
 
 @dataclass
@@ -169,8 +170,8 @@ class FusedLinearLoss(torch.nn.Module):
 
     Args:
         loss_type: the loss's registered name: `"nll"`, `"dft"`, `"gem"`, `"emo"`, `"tailr"`, `"mixce"`,
-            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"` or one registered with `trl_emo.register_loss`
-            (`trl_emo.losses.list_losses()` lists them).
+            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"` or one registered with
+            `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists them).
         logit_scale: the factor the model applies to its logits (`z = scale * (h W^T + b)`); `for_model` reads it
             from the model's config.
         softcap: the model's final-logit soft-cap (`z = c tanh(y / c)`, Gemma 2 and 3), None without one.
@@ -192,8 +193,9 @@ class FusedLinearLoss(torch.nn.Module):
             (`gem_beta=0.7`); unset ones take the loss's defaults. `trl-emo losses` lists each loss's fields and
             `trl_emo.SFTConfig`'s docstring documents them.
 
-    Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None, weights=None,
-    lora=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
+    Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
+    old_log_probs=None, weights=None, lora=None, return_stats=False)` (see `forward`). Every bad argument raises a
+    one-line `ValueError` naming it and the fix.
     """
 
     def __init__(
@@ -273,6 +275,7 @@ class FusedLinearLoss(torch.nn.Module):
         *,
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
+        old_log_probs: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
         lora: tuple | None = None,
         return_stats: bool = False,
@@ -292,7 +295,12 @@ class FusedLinearLoss(torch.nn.Module):
             reference: ASFT and EKSFT: the reference model's final hidden states over the same positions as
                 `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
                 computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
-                `eksft_ratio=0`).
+                `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the teacher's. For
+                these two it is optional: without it the old policy / teacher is the model itself (PSFT: `r = 1`).
+            old_log_probs: PSFT: the old policy's log-probability of each target, laid out like `hidden` without its
+                last dimension (entry `t` for the token position `t` predicts; other entries are not read), no
+                gradient. The negative of `fused_lm_loss(old_hidden, weight, labels, "nll", return_stats=True).nll`
+                laid out by its `positions` is that (or pass `reference=ReferenceHead(old_hidden, weight)`).
             weights: per-token loss weights, a tensor shaped like `labels` (each label's weight, non-negative): the
                 weight multiplies its token's term and gradient (for a loss that selects tokens, EKSFT, it weighs the
                 token in the selection's means: docs/losses.md), 0 leaves the token out like `ignore_index`, and `N`
@@ -307,6 +315,12 @@ class FusedLinearLoss(torch.nn.Module):
         """
         spec, hparams = self.spec, self.hyperparameters
         _check_layout(hidden, weight, labels, self.shift_labels, bias, reference)
+        if old_log_probs is not None:
+            if "old_logp" not in inspect.signature(spec.per_token).parameters:
+                raise ValueError(f"loss {spec.name!r} reads no old log-probabilities; drop old_log_probs=.")
+            if tuple(old_log_probs.shape) != tuple(hidden.shape[:-1]):
+                raise ValueError(f"old_log_probs {tuple(old_log_probs.shape)} must have the shape of hidden without its "
+                                 f"last dimension, {tuple(hidden.shape[:-1])}.")
         if weights is not None:
             check_token_weights(weights, labels)
         vocab = weight.shape[0]
@@ -327,7 +341,8 @@ class FusedLinearLoss(torch.nn.Module):
             kwargs["cost_embedding"] = self._cost_embedding(weight)
         if spec.needs_reference:
             kwargs["reference"] = None
-            if spec.wants_reference(hparams):
+            # A lagged reference (PSFT, CurioSFT) is optional: None is the model itself.
+            if spec.wants_reference(hparams) or (spec.lagged_reference is not None and reference is not None):
                 if reference is None:
                     raise ValueError(
                         f"loss {spec.name!r} with {hparams} reads a reference model: pass reference=ReferenceHead("
@@ -338,6 +353,8 @@ class FusedLinearLoss(torch.nn.Module):
             raise ValueError(f"loss {spec.name!r} reads no reference model; drop reference=.")
         if positions.roles is not None:
             kwargs[ROLES] = positions.roles
+        if old_log_probs is not None:
+            kwargs["old_logp"] = RowTensors({"old_logp": positions.take(old_log_probs.detach().to(weight.device))})
         rows = positions.take(hidden.to(weight.device))
         adapter = None
         if lora is not None:
@@ -373,6 +390,7 @@ def fused_lm_loss(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
+    old_log_probs: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     lora: tuple | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
@@ -414,4 +432,4 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   weights=weights, lora=lora, return_stats=return_stats)
+                   old_log_probs=old_log_probs, weights=weights, lora=lora, return_stats=return_stats)

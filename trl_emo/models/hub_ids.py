@@ -16,23 +16,27 @@ from .sources import SourceError, adapter_base
 
 def model_sources(field: str, name, revision: str | None = None, revision_field: str | None = None,
                   filename: str = "config.json") -> list[HubSource]:
-    """`name` as a Hub model id; or, when it is a local LoRA adapter folder, the adapter's base model when that is a
-    Hub id (its `adapter_config.json` names it)."""
+    """`name` as a Hub model id; and when it is a LoRA adapter (a local folder or a Hub repository, detected through
+    PEFT: `trl_emo.models.sources.adapter_base`), the adapter's base model when that is a Hub id."""
     repo_id = hub_id(name)
-    if repo_id is not None:
-        return [HubSource(field, repo_id, revision=revision, revision_field=revision_field, filename=filename)]
     if not isinstance(name, str) or not name:
         return []
     try:
         base = adapter_base(name)
     except SourceError:
-        return []  # reported where the adapter is loaded
-    base_id = hub_id(base)
+        base = None  # reported where the adapter is loaded
+    own = []
+    if repo_id is not None:
+        # A Hub adapter repository has an adapter_config.json where a model has its config.json.
+        own = [HubSource(field, repo_id, revision=revision, revision_field=revision_field,
+                         filename="adapter_config.json" if base else filename)]
+    base_id = hub_id(base) if base else None
     if base_id is None:
-        return []
-    config = os.path.join(os.path.expanduser(name), "adapter_config.json")
-    return [HubSource(f"the base model of the adapter in {field}", base_id,
-                      fix=f"base_model_name_or_path in {config}")]
+        return own
+    config = os.path.join(os.path.expanduser(name), "adapter_config.json") if repo_id is None else \
+        f"{repo_id}'s adapter_config.json"
+    return own + [HubSource(f"the base model of the adapter in {field}", base_id,
+                            fix=f"base_model_name_or_path in {config}")]
 
 
 def dataset_sources(field: str, name) -> list[HubSource]:

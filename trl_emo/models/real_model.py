@@ -79,10 +79,10 @@ def convert_gguf(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | No
     target = Path(cache_dir or DEFAULT_CACHE) / "models" / f"{gguf_path.stem}-{_file_key(gguf_path)}"
     if (target / STAMP).is_file():
         return str(target)
-    try:
-        import gguf  # noqa: F401  (transformers' GGUF reader needs it; fail here with the fix, not deep inside)
-    except ImportError:
-        raise RealModelUnavailable("Reading a GGUF file needs the `gguf` package: `pip install gguf`.") from None
+    from ..core.optional import GGUF
+
+    if not GGUF.installed():  # transformers' GGUF reader needs it; fail here with the fix, not deep inside
+        raise RealModelUnavailable(GGUF.message())
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -140,6 +140,19 @@ def resolve_model(name: str | None, progress: bool = True) -> str:
     if name.lower().endswith(".gguf"):
         return convert_gguf(name, progress=progress)
     return name
+
+
+def pretrained_model(name: str) -> str:
+    """`--model` of the demos as a `from_pretrained` path: a Hub id checked first (offline and not cached, gated, not
+    found: one line before any work, `HubAccessError`), a `.gguf` file converted; what cannot be used raises
+    `RealModelUnavailable` with the one line to print."""
+    from .hub_ids import check_hub_ids
+
+    check_hub_ids({"--model": name})
+    try:
+        return resolve_model(name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise RealModelUnavailable(str(exc)) from None
 
 
 def main(argv=None) -> int:

@@ -33,12 +33,40 @@ class SourceError(ValueError):
 
 
 def adapter_config(path: str) -> dict | None:
-    """The `adapter_config.json` of a local LoRA adapter folder; None for anything else (a full model, a Hub id)."""
-    config_path = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
-    if not os.path.isfile(config_path):
+    """The configuration of the PEFT adapter at `path`, as PEFT reads it (`PeftConfig.from_pretrained`): a local
+    adapter folder or a Hub adapter repository; None for anything else (a full model, a missing path).
+
+    A Hub id is looked up as transformers and PEFT look files up, offline-safe: a cached `adapter_config.json` is read
+    from the cache; one the cache knows the repository lacks means a full model; offline with neither, the id is not
+    taken for an adapter (the Hub preflight says in one line that it is not cached); online, PEFT fetches the file if
+    the repository has one."""
+    kind, _ = locate(path)
+    if kind == "local":
+        folder = os.path.expanduser(path)
+        return _peft_config(folder) if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)) else None
+    if kind != "hub":
         return None
-    with open(config_path, encoding="utf-8") as handle:
-        return json.load(handle)
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(path, ADAPTER_CONFIG)
+    if isinstance(cached, str):
+        return _peft_config(path)
+    if cached is not None or constants.HF_HUB_OFFLINE:  # known absent, or offline and unknown
+        return None
+    try:
+        return _peft_config(path)
+    except SourceError:
+        return None  # no adapter_config.json in the repository: a full model (or an id the preflight reports)
+
+
+def _peft_config(source: str) -> dict:
+    from peft import PeftConfig
+
+    try:
+        return PeftConfig.from_pretrained(source).to_dict()
+    except (TypeError, ValueError, OSError) as exc:
+        raise SourceError(f"{source}: its {ADAPTER_CONFIG} is not a PEFT adapter configuration PEFT can read "
+                          f"({' '.join(str(exc).split())})") from None
 
 
 def is_adapter(path: str) -> bool:
@@ -46,7 +74,7 @@ def is_adapter(path: str) -> bool:
 
 
 def adapter_base(path: str) -> str | None:
-    """The base model of a LoRA adapter folder, or None when `path` is not one."""
+    """The base model of a LoRA adapter (a local folder or a Hub id), or None when `path` is not one."""
     config = adapter_config(path)
     if config is None:
         return None

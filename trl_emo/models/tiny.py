@@ -67,6 +67,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, chat_template: 
     return tokenizer
 
 
+# The tiny Llama of `trl-emo demo` and `trl-emo demo --chain`: big enough to learn the bundled samples' tasks in a
+# minute on a CPU.
+DEMO_MODEL_SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=256)
+
+
 def tiny_llama_config(
     vocab_size: int,
     hidden_size: int = 64,

@@ -43,7 +43,7 @@ class SFTConfig(_TRLSFTConfig):
         loss_type (`str`, *optional*, defaults to `"nll"`):
             Training objective. TRL's own: `"nll"` (cross-entropy) and `"dft"`, computed by TRL. Added by
             trl_emo: `"gem"`, `"emo"`, `"tailr"`, `"mixce"`, `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`,
-            and any loss registered with [`trl_emo.register_loss`].
+            `"psft"`, `"curio_sft"`, and any loss registered with [`trl_emo.register_loss`].
         loss_implementation (`str`, *optional*, defaults to `"fused"`):
             How a trl_emo loss is computed. `"fused"`: from the final hidden states and the output embedding in
             chunks of positions, never building the whole batch's logits (the memory of TRL's own loss).
@@ -177,6 +177,33 @@ class SFTConfig(_TRLSFTConfig):
             EKSFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
             starting weights (under PEFT the base model with the adapters disabled; in full fine-tuning a frozen copy).
             Only valid with `loss_type="eksft"`.
+        psft_clip_high (`float`, *optional*, defaults to `0.28`):
+            PSFT's `epsilon_high`: a token whose probability ratio to the old policy `r = p_y / p_old(y)` is above
+            `1 + psft_clip_high` gives no gradient; below, its gradient is cross-entropy's times `r`. 0.28 is the
+            authors' script; the paper's symmetric `epsilon` is `psft_clip_high = psft_clip_low`.
+        psft_clip_low (`float`, *optional*, defaults to `0.2`):
+            PSFT's `epsilon_low` in [0, 1] (their script: 0.2). With PSFT's advantage of 1 the lower clip never binds
+            (`min(r, clip(r, 1 - eps, ...)) = r` below it): kept so that a recipe states the authors' settings.
+        psft_old_policy_steps (`int`, *optional*, defaults to `8`):
+            PSFT's `K`: the old policy is the model as it was at the start of each window of this many optimizer steps
+            (their script: 64 prompts per batch in mini-batches of 8). `1` makes every step's old policy the current
+            model: `r = 1`, cross-entropy's gradient. Kept in checkpoints; under PEFT only the adapters are copied.
+        curio_alpha (`float`, *optional*, defaults to `1.0`):
+            CurioSFT's `alpha`: `-log p_y + alpha / 2 * (log p_y - log q_y)^2`, `q` the teacher at its per-token
+            temperature. Their code fixes it at 1; `0` is cross-entropy.
+        curio_tau_min (`float`, *optional*, defaults to `1.1`):
+            Lower bound of the teacher's temperature (also the temperature of tokens the teacher is sure of: full
+            entropy at most 0.03).
+        curio_tau_max (`float`, *optional*, defaults to `1.5`):
+            Upper bound of the teacher's temperature (at least `curio_tau_min`; equal bounds: a fixed temperature).
+        curio_topk (`int`, *optional*, defaults to `512`):
+            The teacher's largest logits whose entropy chooses its temperature (all of them on a smaller vocabulary).
+        curio_teacher_sync_steps (`int`, *optional*, defaults to `5`):
+            Every this many optimizer steps the teacher (the starting model at first) is mixed with the policy (their
+            `ref_model_sync_steps`). Kept in checkpoints; under PEFT only the adapters are kept.
+        curio_teacher_mixup_alpha (`float`, *optional*, defaults to `0.99`):
+            The policy's share in each mix, `teacher <- (1 - a) * teacher + a * policy` (their `ref_model_mixup_alpha`),
+            in [0, 1]: `0` keeps the starting model as the teacher.
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
@@ -195,7 +222,7 @@ class SFTConfig(_TRLSFTConfig):
         default="nll",
         metadata={
             "help": "Training objective: TRL's 'nll' or 'dft', or a trl_emo loss: 'gem', 'emo', 'tailr', 'mixce', "
-            "'ce_entropy', 'eaft', 'asft', 'sed', 'eksft' (or any registered loss)."
+            "'ce_entropy', 'eaft', 'asft', 'sed', 'eksft', 'psft', 'curio_sft' (or any registered loss)."
         },
     )
     loss_implementation: str = field(
@@ -305,6 +332,36 @@ class SFTConfig(_TRLSFTConfig):
         default=None,
         metadata={"help": "EKSFT reference model (folder or Hub id); default: the model's starting weights."},
     )
+    psft_clip_high: float = field(
+        default=_default("psft", "clip_high"), metadata={"help": "PSFT epsilon_high: no gradient where r > 1 + it."}
+    )
+    psft_clip_low: float = field(
+        default=_default("psft", "clip_low"), metadata={"help": "PSFT epsilon_low in [0, 1] (never binds at advantage 1)."}
+    )
+    psft_old_policy_steps: int = field(
+        default=_default("psft", "old_policy_steps"),
+        metadata={"help": "PSFT K: optimizer steps per old policy (1: every step, cross-entropy's gradient)."},
+    )
+    curio_alpha: float = field(
+        default=_default("curio_sft", "alpha"), metadata={"help": "CurioSFT weight of the pull to the teacher (>= 0)."}
+    )
+    curio_tau_min: float = field(
+        default=_default("curio_sft", "tau_min"), metadata={"help": "CurioSFT lower bound of the teacher's temperature."}
+    )
+    curio_tau_max: float = field(
+        default=_default("curio_sft", "tau_max"), metadata={"help": "CurioSFT upper bound of the teacher's temperature."}
+    )
+    curio_topk: int = field(
+        default=_default("curio_sft", "topk"), metadata={"help": "CurioSFT: teacher logits whose entropy sets tau."}
+    )
+    curio_teacher_sync_steps: int = field(
+        default=_default("curio_sft", "teacher_sync_steps"),
+        metadata={"help": "CurioSFT: optimizer steps between two mixes of the teacher with the policy."},
+    )
+    curio_teacher_mixup_alpha: float = field(
+        default=_default("curio_sft", "teacher_mixup_alpha"),
+        metadata={"help": "CurioSFT: the policy's share in each mix of the teacher, in [0, 1]."},
+    )
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
@@ -389,7 +446,8 @@ class SFTConfig(_TRLSFTConfig):
     def checkpoint_side_files(self, head_trains: bool) -> list[str]:
         """The files a checkpoint of this run holds besides transformers' own, the loss's state a resume needs:
         EMO's frozen cost embedding (when the head trains: a frozen head is read again), GEM's beta (with a target
-        entropy), SED's calibrated threshold. What `trl_emo.training.checkpoints` checks a checkpoint for."""
+        entropy), SED's calibrated threshold, PSFT's old policy and CurioSFT's teacher (`lagged_policy.STATE_FILE`).
+        What `trl_emo.training.checkpoints` checks a checkpoint for."""
         if self.loss_type in TRL_LOSS_TYPES:
             return []
         from . import gem_schedule, objective, sed_threshold
@@ -402,6 +460,10 @@ class SFTConfig(_TRLSFTConfig):
             files.append(gem_schedule.STATE_FILE)
         if spec.name == "sed" and self.loss_hyperparameters().get("threshold") is None:
             files.append(sed_threshold.STATE_FILE)
+        if spec.lagged_reference is not None:
+            from . import lagged_policy
+
+            files.append(lagged_policy.STATE_FILE)
         return files
 
 

@@ -13,9 +13,11 @@ bias.
 
 `modules_to_save=["lm_head"]` needs nothing here: PEFT's `ModulesToSaveWrapper` exposes its trainable copy's weight as
 the head's. What the fused path cannot compute is refused in one line when the trainer is built (`check`): DoRA (its
-column norms need the whole adapted head `W + s B A` at every step), any other kind of adapter, and a head whose base
-layer is not a plain linear layer (a quantized head); `loss_implementation="logits"` runs PEFT's own forward and takes
-them all.
+column norms need the whole adapted head `W + s B A` at every step), any other kind of adapter, a head whose base
+layer is not a plain linear layer (a quantized head), and a loss that reads a lagged copy of the model (PSFT, CurioSFT:
+the copy's head would need its own adapter's term); `loss_implementation="logits"` runs PEFT's own forward and takes
+them all. A reference that is the base model with the adapters off (ASFT, EKSFT under PEFT) reads the base head, which
+is exactly that model's.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def _active(layer) -> list[str]:
     return [name for name in layer.active_adapters if name in layer.lora_A]
 
 
-def check(model) -> None:
+def check(model, lagged_role: str | None = None) -> None:
     """Refuse, in one line, an adapter on `model`'s output layer that the fused path cannot compute (see the module
-    docstring). Call it on the base model (`get_base_model()` under PEFT)."""
+    docstring). Call it on the base model (`get_base_model()` under PEFT). `lagged_role`: the loss reads a lagged copy
+    of the model (PSFT's "old policy", CurioSFT's "teacher"), whose head would need its own lagged adapter's term."""
     head = model.get_output_embeddings()
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -63,6 +66,11 @@ def check(model) -> None:
         raise ValueError(
             f"lm_head's base layer is a {type(base).__name__}, not a plain linear layer: the fused loss reads its weight "
             f"directly, so a quantized head with an adapter is not supported; keep lm_head unquantized, {_WAY_OUT}."
+        )
+    if lagged_role is not None and _active(layer):
+        raise ValueError(
+            f"A LoRA adapter on lm_head with a lagged {lagged_role}: the fused loss reads the {lagged_role}'s head without "
+            f"its adapter; leave lm_head out of target_modules, {_WAY_OUT}."
         )
     for name in _active(layer):
         if name in getattr(layer, "lora_variant", {}):

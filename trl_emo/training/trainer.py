@@ -68,6 +68,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
         args = _as_trl_emo_config(args, model)
         self._objective = None
         self._reference = None  # ASFT's reference model (trl_emo.training.reference.ReferenceModel)
+        self._lagged = None  # PSFT's old policy, CurioSFT's teacher (trl_emo.training.lagged_policy.LaggedPolicy)
         self._gem_schedule = None  # GEM's adaptive beta (trl_emo.training.gem_schedule.GemBetaSchedule)
         self._sed_calibration = None  # SED's threshold to calibrate: (top_k, ratio, examples), until it is known
         self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
@@ -92,7 +93,10 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 self._trl_weights = True
         if self._objective is not None:
             if args.loss_implementation == "fused":
-                lora_head.check(self._base_model())
+                from .lagged_policy import role_name
+
+                lagged = self._objective.spec.lagged_reference is not None
+                lora_head.check(self._base_model(), role_name(args.loss_type) if lagged else None)
             self._check_vocabulary(self._base_model())
             self._set_up_reference_and_schedule(args)
         if self._objective is not None or self._trl_weights:
@@ -187,7 +191,14 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             self._objective.spec.validate_vocab(self._objective.hparams, vocab)
 
     def _set_up_reference_and_schedule(self, args) -> None:
-        if self._objective.wants_reference:
+        lagged = self._objective.spec.lagged_reference
+        if lagged is not None:
+            from .lagged_policy import LaggedPolicy
+
+            # Built now, before any step: the starting weights; it serves as the loss's reference.
+            self._lagged = self._reference = LaggedPolicy.build(self, *lagged(self._objective.hparams),
+                                                                loss=args.loss_type)
+        elif self._objective.wants_reference:
             from .reference import ReferenceModel
 
             # Built now, before any step: "the starting weights" are these.
@@ -227,6 +238,11 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                     checkpoint,
                     sed_threshold.STATE_FILE,
                 )
+        if self._lagged is not None and checkpoint and not self._lagged.load(checkpoint):
+            from .lagged_policy import STATE_FILE
+
+            logger.warning("Checkpoint %s has no %s: %s's %s is re-taken from the resumed weights.", checkpoint,
+                           STATE_FILE, self.args.loss_type.upper(), self._lagged.role)
         if self._objective is not None and self._objective.needs_cost:
             restored = bool(checkpoint) and self._objective.load_cost(checkpoint, self._base_model())
             head_trains = self._base_model().get_output_embeddings().weight.requires_grad
@@ -251,6 +267,8 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             from . import sed_threshold
 
             sed_threshold.save(folder, self._objective.hparams["threshold"])
+        if self._lagged is not None:
+            self._lagged.save(folder)
 
     # -- the loss -------------------------------------------------------------------------
     def _raise_non_finite(self, mode: str) -> None:
@@ -370,6 +388,9 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 self._gem_schedule.observe(entropy_sum=entropy_sum, count=count)
         if self._gem_schedule is not None:
             self._update_gem_beta()
+        if self._lagged is not None:
+            # Before the checkpoint of this step is saved (the Trainer saves after `on_step_end`).
+            self._lagged.after_step(self.state.global_step)
         if self._sed_calibration is not None and self._objective.hparams.get("threshold") is not None:
             compat.set_metric(self, "train", "sed_threshold", self._objective.hparams["threshold"])
 
@@ -451,14 +472,16 @@ class _MetricSums:
 
 
 class _OptimizerStepCallback(TrainerCallback):
-    """At the end of every optimizer step: log the step's metrics, and move GEM's beta toward the target entropy
-    (`gem_target_entropy`) when it is set."""
+    """At the end of every optimizer step: log the step's metrics, move GEM's beta toward the target entropy
+    (`gem_target_entropy`) when it is set, and refresh PSFT's old policy / CurioSFT's teacher on their schedule."""
 
     def __init__(self, trainer: SFTTrainer):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer._train_sums.pop()  # what an interrupted `train()` left
+        if self.trainer._lagged is not None:
+            self.trainer._lagged.begin_training()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer._end_optimizer_step()

@@ -131,9 +131,11 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
     num_items_in_batch, transform)`, which returns a `FusedLossOutput`. Without the flag the call is TRL's. Call it on
     the base model (`get_base_model()` under PEFT), like TRL does.
 
-    `reference(model, args, kwargs)`, when given (ASFT, EKSFT), returns a reference model's `(hidden [B, T, H'], head
-    weight, head bias, transform)` for the same batch, computed without gradient; its hidden states are shifted and
-    masked like the policy's and handed to `objective` as `reference=` (a `trl_emo.losses.asft.ReferenceHead`).
+    `reference(model, args, kwargs)`, when given (ASFT, EKSFT, PSFT, CurioSFT), returns a reference model's `(hidden
+    [B, T, H'], head weight, head bias, transform)` for the same batch, computed without gradient; its hidden states are
+    shifted and masked like the policy's and handed to `objective` as `reference=` (a
+    `trl_emo.losses.asft.ReferenceHead`). It may return None (a lagged reference equal to the policy now): then no
+    `reference=` is passed.
 
     When the objective reads label rows (its `reads_label_rows`, EKSFT's authors' formula), the rows are the target
     positions and the positions whose own label is a token (`trl_emo.losses._common.select_positions`), with their
@@ -200,11 +202,13 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
         if reference is not None:
             from ..losses.asft import ReferenceHead
 
-            ref_hidden, ref_weight, ref_bias, ref_transform = reference(self, args, kwargs)
-            extra["reference"] = ReferenceHead(
-                positions.take(ref_hidden.to(weight.device)), ref_weight, ref_bias, ref_transform.logit_scale,
-                ref_transform.softcap,
-            )
+            found = reference(self, args, kwargs)  # None: a lagged reference that equals the policy now
+            if found is not None:
+                ref_hidden, ref_weight, ref_bias, ref_transform = found
+                extra["reference"] = ReferenceHead(
+                    positions.take(ref_hidden.to(weight.device)), ref_weight, ref_bias, ref_transform.logit_scale,
+                    ref_transform.softcap,
+                )
         from .lora_head import head_adapter
 
         rows = positions.take(hidden.to(weight.device))

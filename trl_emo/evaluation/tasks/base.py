@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ...core import optional
 from ...core.errors import ConfigError, HubSource
 from ...models.hub_ids import dataset_sources, model_sources
 from ..cache import JsonlCache
@@ -148,6 +149,24 @@ class EvalTask:
         return sources
 
     # ------------------------------------------------------------------ before any work
+
+    def required_packages(self) -> list[optional.Needed]:
+        """The optional packages this task needs for its configuration (`trl_emo.core.optional`), checked before any
+        model loads: sacrebleu for `diversity`, sentence-transformers (and the default encoder's package) for
+        `embedding_diversity`, matplotlib for `plot` when the task draws figures. vLLM (`backend: vllm`) and the
+        packages of single tasks (`math`: math-verify; `ifeval`: lm-eval; `continuation`: mauve-text) are checked by
+        `check_models` and the task's `check`, also before any model loads."""
+        config, cls = self.config, type(self)
+        needed = []
+        if config.diversity and "diversity" not in cls.ignores:
+            needed.append(optional.SACREBLEU)
+        if config.embedding_diversity and "embedding_diversity" not in cls.ignores:
+            needed.append(optional.SENTENCE_TRANSFORMERS)
+            if not config.embedding_model:
+                needed.append(optional.MINILM)
+        if config.plot and cls.plot is not EvalTask.plot:
+            needed.append(optional.MATPLOTLIB)
+        return needed
 
     def check(self) -> None:
         """Fail before any generation on what the task will need later (packages, data)."""

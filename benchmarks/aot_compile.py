@@ -19,8 +19,9 @@ Which settings: the full product of the switches is about 1,600 compiles for fou
 default every pair of switch values that a kernel is built with is covered instead
 (`covering_settings`); `full=True` / `--full` compiles the product. Launches that give Triton the
 same kernel, signature, specialization, constexprs and warps (different vocabularies at the same
-block size) are compiled once. Run as `python -m trl_emo.losses.aot_compile` (a process of its own:
-kernels defined under `TRITON_INTERPRET=1`, as the tests define them, cannot be compiled).
+block size) are compiled once. Run as `python benchmarks/aot_compile.py` (a process of its own:
+kernels defined under `TRITON_INTERPRET=1`, as the tests define them, cannot be compiled). It is a CI check, not
+part of the installed package: it lives beside the benchmark that reports its numbers (`kernel_resources.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import _triton
-from .registry import get_loss, list_losses
+from trl_emo.losses import _triton
+from trl_emo.losses.registry import get_loss, list_losses
 
 # Which GPUs each target stands for, and the per-SM limits that bound resident programs (CUDA C++
 # Programming Guide, "Technical Specifications per Compute Capability"). Shared memory is the most a
@@ -324,8 +325,8 @@ class _Recorder:
         return self.cache[key]
 
     def _kwargs(self, setting: Setting, vocab: int, dtype: torch.dtype) -> dict:
-        from .asft import ReferenceHead
-        from .cost import CostEmbedding
+        from trl_emo.losses.asft import ReferenceHead
+        from trl_emo.losses.cost import CostEmbedding
 
         kwargs = dict(setting.hparams)
         if get_loss(setting.loss).uses_cost_embedding:
@@ -367,7 +368,7 @@ class _Recorder:
             if spec.prepared_rows:
                 # A loss with a first pass (`prepare`): the call above launched that pass's kernel; the loss pass's
                 # takes the per-row tensors `prepare` would have computed.
-                from .registry import RowTensors
+                from trl_emo.losses.registry import RowTensors
 
                 weights = RowTensors({name: self._tensor(_ROWS) for name in spec.prepared_rows})
                 spec.row_kernel(launch, **kwargs, weights=weights)
@@ -560,7 +561,7 @@ def check(
     product, narrowed to all pairs unless `full`); a JSON-ready summary with every result."""
     if _triton.interpreting():
         raise RuntimeError("The kernels were defined for Triton's interpreter (TRITON_INTERPRET=1); "
-                           "run the compile check in a process without it (python -m trl_emo.losses.aot_compile).")
+                           "run the compile check in a process without it (python benchmarks/aot_compile.py).")
     import triton
 
     capabilities, vocabs = tuple(capabilities), tuple(vocabs)
