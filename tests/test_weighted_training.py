@@ -77,6 +77,12 @@ def test_bad_weights_are_one_line_errors_naming_the_field(tokenizer):
         with pytest.raises((DataError, ValueError), match=match) as info:
             prepared(tokenizer, rows)
         assert "\n" not in str(info.value)
+    # The Alpaca prompt (a base model without a chat template) folds the turns: weights are refused, not dropped.
+    from trl_emo.data import format_example
+
+    with pytest.raises(DataError, match="per-message weights, which need the chat template"):
+        format_example(conversations(1)[0], "messages", "alpaca")
+    assert "prompt" in format_example(conversations(1, weights=(1, 1.0))[0], "messages", "alpaca")
 
 
 def test_packing_and_padding_free_carry_the_weights_beside_the_labels(tokenizer):
@@ -160,3 +166,24 @@ def test_tokenized_loss_weights_weigh_each_token(make_model, tokenizer):
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     want = fused_lm_loss(hidden, model.lm_head.weight, batch["labels"], "gem", weights=batch["loss_weights"])
     assert torch.allclose(loss, want, rtol=1e-6)
+
+
+def test_weights_on_some_messages_of_a_json_file_are_found(tmp_path, tokenizer):
+    """A JSON Lines file whose turns differ in keys (a `weight` on some) loads as JSON values: the weights are still
+    found, the `messages` schema accepts the column, and the trained tokens carry them."""
+    import json
+
+    from datasets import load_dataset
+
+    from trl_emo.data.schemas import MESSAGES, feature_kind
+    from trl_emo.data.token_weights import carries_weights
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in conversations(3)))
+    data = load_dataset("json", data_files=str(path), split="train")
+    assert feature_kind(data.features["messages"]) == MESSAGES and carries_weights(data)
+    unweighted = tmp_path / "plain.jsonl"
+    unweighted.write_text("".join(json.dumps(row) + "\n" for row in conversations(3, with_weights=False)))
+    assert not carries_weights(load_dataset("json", data_files=str(unweighted), split="train"))
+    row = prepared(tokenizer, [dict(r) for r in data])[0]
+    assert {w for w, label in zip(row["loss_weights"], row["labels"]) if label != -100} == set(WEIGHTED)

@@ -38,23 +38,42 @@ CONVERSATION_COLUMNS = ("messages", "prompt", "completion")
 IGNORE_INDEX = -100
 
 
-def _feature_has_weight(feature) -> bool:
-    """Whether a `datasets` feature is a list of messages one of which has a `weight` field."""
+def _feature_has_weight(feature) -> bool | None:
+    """Whether a `datasets` feature is a list of messages one of which has a `weight` field; None when the feature does
+    not say (turns stored as JSON values, as `datasets` stores turns whose keys differ)."""
     inner = getattr(feature, "feature", None)
     if inner is None and isinstance(feature, list) and feature:
         inner = feature[0]
+    if type(inner).__name__ == "Json":
+        return None
     return isinstance(inner, Mapping) and MESSAGE_FIELD in inner
+
+
+def _rows_have_weight(dataset, column: str) -> bool:
+    """Whether any row's messages in `column` carry a `weight` (read in batches, the column alone)."""
+    for batch in dataset.select_columns([column]).iter(batch_size=1024):
+        for messages in batch[column]:
+            if isinstance(messages, list) and any(
+                isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in messages
+            ):
+                return True
+    return False
 
 
 def carries_weights(dataset) -> bool:
     """Whether `dataset` (a `datasets.Dataset` or `IterableDataset`) has per-token weights: a `loss_weights` column,
-    or conversations whose messages have a `weight` field (read from the features, or from the first row of a
-    streamed dataset without them)."""
+    or conversations whose messages have a `weight` field (read from the features; from the rows where the features
+    store the turns as JSON values; from the first row of a streamed dataset without features)."""
     features = getattr(dataset, "features", None)
     if features:
         if WEIGHTS_COLUMN in features:
             return True
-        return any(_feature_has_weight(features[column]) for column in CONVERSATION_COLUMNS if column in features)
+        for column in CONVERSATION_COLUMNS:
+            if column in features:
+                found = _feature_has_weight(features[column])
+                if found or (found is None and _rows_have_weight(dataset, column)):
+                    return True
+        return False
     try:
         first = next(iter(dataset))
     except (StopIteration, TypeError):
