@@ -187,3 +187,20 @@ def test_weights_on_some_messages_of_a_json_file_are_found(tmp_path, tokenizer):
     assert not carries_weights(load_dataset("json", data_files=str(unweighted), split="train"))
     row = prepared(tokenizer, [dict(r) for r in data])[0]
     assert {w for w, label in zip(row["loss_weights"], row["labels"]) if label != -100} == set(WEIGHTED)
+
+
+def test_weighted_evaluation_with_trls_nll(make_model, tokenizer):
+    """TRL's `nll` with weights evaluates weighted too (`eval_objective` is `eval_loss`); a weighted dataset handed to
+    `evaluate()` of a trainer built without weights is refused in one line instead of evaluated unweighted."""
+    from trl_emo import SFTTrainer
+
+    trainer = SFTTrainer(model=make_model(), args=cpu_config("unused", loss_type="nll", assistant_only_loss=True,
+                                                              per_device_eval_batch_size=4),
+                         train_dataset=dataset(conversations(8)), eval_dataset=dataset(conversations(6)),
+                         processing_class=tokenizer)
+    metrics = trainer.evaluate()
+    assert trainer._trl_weights and metrics["eval_objective"] == pytest.approx(metrics["eval_loss"], rel=1e-6)
+    plain = SFTTrainer(model=make_model(), args=cpu_config("unused", loss_type="gem", assistant_only_loss=True),
+                       train_dataset=dataset(conversations(8, with_weights=False)), processing_class=tokenizer)
+    with pytest.raises(ValueError, match="has per-token loss weights but the trainer was built on data without them"):
+        plain.evaluate(dataset(conversations(4)))

@@ -112,6 +112,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             reads_label_rows=self._objective is not None and self._objective.reads_label_rows,
         )
         add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
+        self._built = True
 
     # -- set-up ---------------------------------------------------------------------------
     @staticmethod
@@ -144,6 +145,12 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
         carried through truncation and packing (`compat.prepare_weighted_dataset`)."""
         if getattr(self, "_is_vision_dataset", False) or not carries_weights(dataset):
             return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+        if getattr(self, "_built", False) and not self._weighted_data:
+            # `evaluate(eval_dataset=...)` after a trainer built without weights: its collator and loss take none.
+            raise ValueError(
+                f"The {dataset_name} dataset has per-token loss weights but the trainer was built on data without them: "
+                "pass it as eval_dataset when building the trainer."
+            )
         self._weighted_data = True
         return compat.prepare_weighted_dataset(
             self, dataset, processing_class, args, packing, formatting_func, dataset_name
@@ -395,7 +402,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             compat.set_metric(self, "train", "sed_threshold", self._objective.hparams["threshold"])
 
     def evaluation_loop(self, *args, **kwargs):
-        if self._objective is None:
+        if self._objective is None and not self._trl_weights:
             return super().evaluation_loop(*args, **kwargs)
         self._eval_sums.pop()  # what an interrupted evaluation left
         output = super().evaluation_loop(*args, **kwargs)
