@@ -291,6 +291,10 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         weights = inputs.pop(WEIGHTS_COLUMN, None)
+        if weights is not None and inputs.get("shift_labels") is not None:
+            # Context and sequence parallelism shard the labels after the collator; the weights would not follow.
+            raise ValueError("Per-token loss weights are not supported with pre-shifted labels (context or sequence "
+                             "parallelism): train without them, or without that parallelism.")
         if self._objective is None and not self._trl_weights:
             if weights is not None:
                 raise ValueError(
