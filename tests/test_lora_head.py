@@ -140,3 +140,22 @@ def test_qlora_with_an_adapter_on_the_head(tmp_path, make_model, tokenizer):
     trainer.args.loss_implementation = "fused"
     trainer.train()
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in trainer.state.log_history if "loss" in row)
+
+
+def test_seds_calibration_reads_the_adapted_head(make_model, tokenizer):
+    """SED's threshold, calibrated through the patched forward, sees the head with its LoRA adapter (merged into a
+    copy of the head for the probe): the same masses as PEFT's own merged model."""
+    import copy
+
+    from trl_emo.losses.sed import threshold_from_masses
+    from trl_emo.training import sed_threshold
+
+    trainer = build(make_model(), tokenizer, conversation_rows(8), "sed", lora_config(), sed_threshold=0.9)
+    start_adapters_away_from_zero(trainer.model)
+    sequences = [trainer.train_dataset[i]["input_ids"] for i in range(3)]
+    got = sed_threshold.calibrate(trainer.model, trainer._base_model(), sequences, 3, 0.7, "cpu")
+    merged = copy.deepcopy(trainer.model).merge_and_unload().eval()
+    with torch.no_grad():
+        masses = [merged(input_ids=torch.tensor([ids])).logits[0].float().softmax(-1).topk(3, dim=-1).values.sum(-1)
+                  for ids in sequences]
+    assert got == pytest.approx(threshold_from_masses(torch.cat(masses), 0.7), rel=1e-5)

@@ -89,9 +89,10 @@ def _full(tensor):
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def adapter_read_parameters(head) -> list:
-    """The adapter parameters the fused path reads outside their module's forward (`lora_B`'s weight and bias): under
-    ZeRO-3 they are gathered with the head (`trl_compat.gather_lm_head`). `lora_A` runs as a module."""
+def adapter_read_parameters(head, with_down: bool = False) -> list:
+    """The adapter parameters the fused path reads outside their module's forward (`lora_B`'s weight and bias; with
+    `with_down`, `lora_A`'s weight too, which `merged_head` reads): under ZeRO-3 they are gathered with the head
+    (`trl_compat.gather_lm_head`). The loss runs `lora_A` as a module."""
     layer = _lora_layer(head)
     if layer is None:
         return []
@@ -100,7 +101,28 @@ def adapter_read_parameters(head) -> list:
         params.append(layer.lora_B[name].weight)
         if layer.lora_B[name].bias is not None:
             params.append(layer.lora_B[name].bias)
+        if with_down:
+            params.append(layer.lora_A[name].weight)
     return params
+
+
+@torch.no_grad()
+def merged_head(head, weight: torch.Tensor, bias: torch.Tensor | None):
+    """`(W + Σ s B A, b + Σ s b_B)`: the head with its active LoRA adapters merged, a new tensor (a head's size), for
+    a computation outside training that reads the whole head once (SED's threshold calibration); `(weight, bias)` as
+    given without an active adapter."""
+    layer = _lora_layer(head)
+    names = [] if layer is None else _active(layer)
+    if not names:
+        return weight, bias
+    merged = weight.detach().clone()
+    for name in names:
+        lora_a, lora_b, scaling = layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
+        merged += (scaling * _full(lora_b.weight).float() @ _full(lora_a.weight).float()).to(merged.dtype)
+        if lora_b.bias is not None:
+            term = (scaling * _full(lora_b.bias)).to(merged.dtype)
+            bias = term if bias is None else bias.detach() + term.to(bias.dtype)
+    return merged, bias
 
 
 def head_adapter(head, rows: torch.Tensor) -> tuple[HeadAdapter | None, torch.Tensor | None]:

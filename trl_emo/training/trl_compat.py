@@ -185,7 +185,12 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
             device_type = (inputs if isinstance(inputs, torch.Tensor) else weight).device.type
             with torch.autocast(device_type, enabled=False):
                 hidden = self.base_model(*args, **kwargs).last_hidden_state
-                with gather_lm_head(weight, bias):
+                from .lora_head import adapter_read_parameters, merged_head
+
+                head = self.get_output_embeddings()
+                with gather_lm_head(weight, bias, *adapter_read_parameters(head, with_down=True)):
+                    # A LoRA adapter on the head merged into a copy of it for the probe (once per calibration).
+                    weight, bias = merged_head(head, weight, bias)
                     return probe(hidden.to(weight.device), weight, bias, transform)
         backbone_outputs = self.base_model(*args, **kwargs)
         hidden = backbone_outputs.last_hidden_state
