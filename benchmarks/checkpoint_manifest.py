@@ -33,23 +33,13 @@ from safetensors.torch import save_file
 from trl_emo.training import checkpoint_manifest as manifest
 
 
-def fsync_tree(folder: str) -> None:
-    for root, _dirs, names in os.walk(folder):
-        for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        manifest.fsync_dir(root)
-
-
 def evict(folder: str) -> None:
+    """Drop `folder`'s files from the page cache (their clean pages only: flushed first)."""
+    manifest.fsync_tree(folder)
     for root, _dirs, names in os.walk(folder):
         for name in names:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
-                os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
@@ -102,13 +92,13 @@ def main(argv=None) -> int:
     os.makedirs(root)
     before, after, manifest_only, manifest_cpu, fsync_cpu, hot, hot_cpu, cold = ([] for _ in range(8))
     write(shards, os.path.join(root, "warm-up"))  # the first write of a run is slower (the allocator, the disk)
-    fsync_tree(os.path.join(root, "warm-up"))
+    manifest.fsync_tree(os.path.join(root, "warm-up"))
     shutil.rmtree(os.path.join(root, "warm-up"))
     for repeat in range(args.repeats):
         folder = os.path.join(root, f"before-{repeat}")
         seconds = write(shards, folder)
         with Timed() as timed:
-            fsync_tree(folder)
+            manifest.fsync_tree(folder)
         before.append(seconds + timed.wall)
         fsync_cpu.append(timed.cpu)
         shutil.rmtree(folder)

@@ -71,17 +71,17 @@ def _install(fault: Fault | None) -> None:
 def _install_around_publish(fault: Fault) -> None:
     from transformers import Trainer
 
-    from trl_emo.training import checkpoints
+    from trl_emo.training import atomic_checkpoints, checkpoints
 
     if fault.kind == "kill_before_publish":
-        original_publish = checkpoints.publish
+        original_publish = atomic_checkpoints.publish
 
         def publish(staged, final, *args, **kwargs):
             if checkpoints.checkpoint_step(final) == fault.step:
                 os.kill(os.getpid(), signal.SIGKILL)
             return original_publish(staged, final, *args, **kwargs)
 
-        checkpoints.publish = publish
+        atomic_checkpoints.publish = publish  # where the trainer's save looks it up
     elif fault.kind == "fail_staging":
         original_makedirs = os.makedirs
 
@@ -90,7 +90,7 @@ def _install_around_publish(fault: Fault) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
             return original_makedirs(path, *args, **kwargs)
 
-        checkpoints.os.makedirs = makedirs
+        os.makedirs = makedirs  # in this child alone
     else:
         from safetensors import SafetensorError
 

@@ -280,25 +280,27 @@ def test_a_complete_checkpoint_left_in_staging_is_published_at_the_next_launch(a
     assert_same_weights(out, uninterrupted(assets, "gem_target_entropy"))
 
 
-@pytest.mark.parametrize("fault, says", [
+@pytest.mark.parametrize("fault, says, left", [
     # The staging folder cannot be created (disk full): before anything of the checkpoint is written.
-    (Fault("fail_staging", MAX_STEPS), "could not save {final}: No space left on device ({staged})"),
+    (Fault("fail_staging", SAVE_STEPS), "could not save {final}: No space left on device ({staged})", []),
     # The final model (after the last checkpoint): safetensors' own error, not an OSError.
     (Fault("fail_final_save"), "could not save the final model to {out}: Error while serializing: I/O error: No "
-                               "space left on device (os error 28); the checkpoints there are intact"),
+                               "space left on device (os error 28); the checkpoints there are intact",
+     [f"checkpoint-{SAVE_STEPS}"]),
 ])
-def test_every_save_error_is_one_line(assets, tmp_path, fault, says):
+def test_every_save_error_is_one_line(assets, tmp_path, fault, says, left):
     out = tmp_path / "out"
-    argv = [*RUNS["emo_frozen_cost"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    argv = [*RUNS["emo_frozen_cost"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "auto",
+            "--max_steps", str(SAVE_STEPS)]
     log = tmp_path / "failed.log"
     assert run_with_fault("sft", argv, fault, log_path=log) == 1
     text = log.read_text()
-    final = out / f"checkpoint-{MAX_STEPS}"
+    final = out / f"checkpoint-{SAVE_STEPS}"
     expected = says.format(final=final, staged=out / ckpt.STAGING_DIR / final.name, out=out)
     lines = [line for line in text.splitlines() if " error: " in line or line.startswith("Traceback")]
     assert len(lines) == 1 and lines[0].startswith(f"trl_emo.sft: error: {expected}"), lines
-    assert "Traceback" not in text
-    assert [Path(c).name for c in ckpt.checkpoints(str(out))][-1] == f"checkpoint-{SAVE_STEPS}"
+    assert [Path(c).name for c in ckpt.checkpoints(str(out))] == left
+    assert not (out / ckpt.STAGING_DIR).exists()
 
 
 def test_save_only_model_resumes_with_a_fresh_optimizer_and_says_so(assets, tmp_path):

@@ -64,9 +64,9 @@ class AtomicCheckpoints:
         # The commands have taken the output_dir and chosen the checkpoint already (`checkpoints.asked_for`); a library
         # user's `train("auto")` does it here, and gives the lock back when training ends.
         locked_here = self.args.should_save and output_lock.held(self.args.output_dir) is None
-        checkpoint = start_run(self.args, resume_from_checkpoint, self._checkpoint_side_files())
-        self._asked = asked_for(checkpoint)
         try:
+            checkpoint = start_run(self.args, resume_from_checkpoint, self._checkpoint_side_files())
+            self._asked = asked_for(checkpoint)
             self._run_id = ranks.broadcast((manifest.run_of(checkpoint) if checkpoint else None) or uuid.uuid4().hex)
             self._resuming, self._load_failure = checkpoint, None
             with self._loading("the loss's own state"):
@@ -101,9 +101,9 @@ class AtomicCheckpoints:
             return
         try:
             yield
-        except CheckpointLoadError:
+        except _NOT_THE_CHECKPOINTS:
             raise
-        except Exception as exc:  # noqa: BLE001 - any error while loading a checkpoint is the checkpoint's
+        except Exception as exc:  # noqa: BLE001 - any other error while loading a checkpoint is the checkpoint's
             cause = f"{what}: {cause_text(exc) if isinstance(exc, OSError) else _one_line(exc)}"
             if ranks.world_size() == 1:
                 raise self._load_error(cause) from exc
@@ -257,6 +257,20 @@ class AtomicCheckpoints:
         if self._push_pending:
             self._push_pending = False
             super()._push_from_checkpoint(final)
+
+
+def _not_the_checkpoints() -> tuple[type[BaseException], ...]:
+    """Errors while loading that are not the checkpoint's fault, and would fail again on any other checkpoint: an
+    input the run cannot use (a Hub id offline, a configuration), memory running out."""
+    import torch
+
+    from ..core.errors import ConfigError, HubAccessError
+
+    return (CheckpointLoadError, ConfigError, HubAccessError, MemoryError,
+            *((torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else ()))
+
+
+_NOT_THE_CHECKPOINTS = _not_the_checkpoints()
 
 
 def _one_line(exc: BaseException) -> str:

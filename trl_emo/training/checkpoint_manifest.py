@@ -222,6 +222,14 @@ def _write_json(path: str, data: dict) -> None:
         os.close(fd)
 
 
+def fsync_tree(folder: str) -> None:
+    """Every file and folder of `folder` flushed to disk."""
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            _fsync_file(os.path.join(root, name))
+        fsync_dir(root)
+
+
 def fsync_dir(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -8,7 +8,7 @@ Cheap checks only, no tensor loaded: each file is judged by what its format says
 - a `torch.save` file (`optimizer.pt`, `scheduler.pt`, `rng_state*.pth`, DeepSpeed's `*_states.pt`): its zip central
   directory, which sits at the end of the file, reads, and every member's local header is where it says (a truncated
   file has no directory; overwritten leading bytes break the first header);
-- a sharded index names shards that are all there (each then checked as above);
+- (a sharded index's shards being there is `checkpoints.missing_parts`'s check; each shard is checked as above);
 - DeepSpeed: `latest` names a `global_step*` folder that exists;
 - every per-rank file family (DeepSpeed's optimizer and model states, FSDP's `__<rank>_0.distcp`, `rng_state_<rank>.pth`)
   holds ranks 0 to the highest rank found;
@@ -56,7 +56,6 @@ def structure_problems(folder: str) -> list[str]:
             problems += _dcp_problems(root, rel_root)
     problems += _rank_gaps(ranked)
     problems += _deepspeed_problems(folder)
-    problems += _index_problems(folder)
     return problems
 
 
@@ -171,22 +170,6 @@ def _deepspeed_problems(folder: str) -> list[str]:
         problems.append(f"no DeepSpeed optimizer states in {tag}")
     if not any(name.endswith("model_states.pt") for name in names):
         problems.append(f"no DeepSpeed model states in {tag}")
-    return problems
-
-
-def _index_problems(folder: str) -> list[str]:
-    problems = []
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json", "adapter_model.safetensors.index.json"):
-        path = os.path.join(folder, index)
-        if not os.path.isfile(path):
-            continue
-        try:
-            with open(path, encoding="utf-8") as handle:
-                shards = sorted(set(json.load(handle)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # reported as an unreadable JSON file
-        problems += [f"no {shard} (listed in {index})" for shard in shards
-                     if not os.path.isfile(os.path.join(folder, shard))]
     return problems
 
 

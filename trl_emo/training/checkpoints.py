@@ -111,7 +111,7 @@ def _weights_missing(folder: str) -> str | None:
                 with open(path, encoding="utf-8") as handle:
                     shards = set(json.load(handle)["weight_map"].values())
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                return f"{index} (unreadable)"
+                return f"readable {index}"
             absent = sorted(s for s in shards if not os.path.isfile(os.path.join(folder, s)))
             return f"weight shards {', '.join(absent)}" if absent else None
     if _has_any(folder, ("pytorch_model_fsdp_*", "global_step*/*model_states.pt")):
@@ -394,9 +394,10 @@ def recover_staged(output_dir: str) -> tuple[list[str], list[str]]:
             try:
                 publish(path, os.path.join(output_dir, name), synced=True)
                 published.append(name)
-                continue
-            except OSError as exc:
-                logger.warning("could not publish the complete %s from %s (%s); it is removed", name, staging, exc)
+            except OSError as exc:  # kept where it is: a complete checkpoint is never deleted
+                logger.warning("could not publish the complete %s from %s (%s); it is left there", name, staging,
+                               cause_text(exc))
+            continue
         shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _remove(path)
         removed.append(name)
     with contextlib.suppress(OSError):
@@ -436,14 +437,7 @@ def publish(staged: str, final: str, synced: bool = False) -> None:
     an earlier checkpoint: a torn one `auto` skipped, or one the user went back past) is moved aside as
     `_replaced-checkpoint-N` (`.1`, `.2`... when taken), kept, never deleted."""
     if not synced:
-        for root, _dirs, files in os.walk(staged):
-            for name in files:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            manifest.fsync_dir(root)
+        manifest.fsync_tree(staged)
     if os.path.isdir(final):
         aside = os.path.join(os.path.dirname(final), REPLACED_PREFIX + os.path.basename(final))
         suffix = 0
