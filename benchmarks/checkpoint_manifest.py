@@ -14,8 +14,9 @@ The weights are written as a transformers checkpoint writes them (safetensors, `
 - verify, from disk: the same after the files are evicted from the page cache (`posix_fadvise(DONTNEED)`, which drops
   this file's clean pages only): a resume on a freshly booted machine, or one whose cache the save did not fit.
 
-The optimizer state (AdamW: two fp32 tensors per parameter, twice the fp32 weights) is not written here (this
-machine's free memory); the CRC is linear in bytes and every figure is given per GB to scale by.
+A whole checkpoint's bytes (the weights and AdamW's two fp32 states, each the weights' size) are written with
+`--copies 3`: three files of the same tensors, from one buffer (this machine's memory holds one copy), so the disk
+and the checksum see 12 GB.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--shards", type=int, default=1, help="safetensors files (transformers: one per 5 GB)")
     parser.add_argument("--tensor-params", type=float, default=50e6, help="parameters per tensor")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="files of the same tensors: 3 writes the bytes of the weights and AdamW's two states "
+                             "(each the weights' size in fp32) from one buffer, in this machine's memory")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default="benchmark_checkpoints")
     parser.add_argument("--json", default=None)
@@ -84,8 +88,8 @@ def main(argv=None) -> int:
     tensors = [torch.randn(int(args.tensor_params), generator=gen).to(dtype) for _ in range(count)]
     per_shard = -(-count // args.shards)
     shards = [{n: t for n, t in zip(names[i:i + per_shard], tensors[i:i + per_shard])}
-              for i in range(0, count, per_shard)]
-    size_gb = sum(t.numel() * t.element_size() for t in tensors) / 1e9
+              for i in range(0, count, per_shard)] * args.copies
+    size_gb = sum(t.numel() * t.element_size() for t in tensors) * args.copies / 1e9
 
     root = os.path.abspath(args.dir)
     shutil.rmtree(root, ignore_errors=True)
@@ -122,7 +126,8 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
 
     result = {
-        "params": args.params, "dtype": args.dtype, "size_gb": round(size_gb, 3), "files": len(shards),
+        "params": args.params, "dtype": args.dtype, "copies": args.copies, "size_gb": round(size_gb, 3),
+        "files": len(shards),
         "save_before_s": round(statistics.median(before), 2), "save_with_manifest_s": round(statistics.median(after), 2),
         "save_ratio": round(statistics.median(after) / statistics.median(before), 3),
         "manifest_pass_s": round(statistics.median(manifest_only), 2),

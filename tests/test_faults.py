@@ -27,6 +27,7 @@ from fault_injection import Fault, run_with_fault
 
 from trl_emo.commands import sft
 from trl_emo.training import checkpoints as ckpt
+from trl_emo.training import output_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS, SAVE_STEPS = 4, 2
@@ -141,6 +142,8 @@ def test_killed_at_a_seeded_moment_then_relaunched_with_auto_ends_bit_for_bit_as
     log = tmp_path / "resume.log"
     assert run_with_fault(command, relaunch, log_path=log) == 0, log.read_text()[-3000:]
     assert (f"resuming from {saved[0]}" if saved else "starting from scratch") in log.read_text()
+    # The killed run never gave its output_dir lock back: the kernel did, and the relaunch takes it over, saying so.
+    assert "the lock of an earlier run (pid " in log.read_text() and "taking it over" in log.read_text()
     assert not (out / ckpt.STAGING_DIR).exists()  # what the cut save left is cleared
     assert_same_weights(out, uninterrupted(assets, name))
 
@@ -331,6 +334,7 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     out = tmp_path / "out"
     for folder in (ckpt.STAGING_DIR + "/checkpoint-4", ckpt.REPLACED_PREFIX + "checkpoint-4", MERGED_DIR, "checkpoint-2"):
         _touch(out / folder, "model.safetensors")
+    _touch(out, output_lock.LOCK_FILE)
     recorded = {}
 
     class Api:
@@ -346,7 +350,8 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     uploaded = set(filter_repo_objects(files, ignore_patterns=recorded["ignore_patterns"]))
     assert "model.safetensors" in uploaded
-    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.REPLACED_PREFIX, MERGED_DIR, "checkpoint-"))]
+    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.REPLACED_PREFIX, MERGED_DIR, "checkpoint-",
+                                                     output_lock.LOCK_FILE))]
 
 
 def test_a_checkpoint_is_pushed_from_its_published_folder(assets, tmp_path, monkeypatch):
