@@ -96,7 +96,7 @@ def test_a_killed_rank_makes_torch_elastic_restart_the_group_which_resumes_with_
     With the c10d rendezvous and `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (README, "Errors and interruptions"): the
     store torch elastic shares with the workers by default keeps the dead group's addresses, and the restarted group
     read them (measured here: with accelerate's default static rendezvous the restarted group hung in
-    `init_process_group`; with c10d and the shared store, one of three launches failed and one hung; pytorch#135712)."""
+    `init_process_group`; with c10d and the shared store, of four launches one failed and one hung; pytorch#135712)."""
     out = tmp_path / "out"
     run = {"command": "sft", "argv": [*ddp_argv(assets), "--output_dir", str(out)], "fault": ["kill", 3], "rank": 1,
            "first_attempt": True}
