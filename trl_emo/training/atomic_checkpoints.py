@@ -157,7 +157,10 @@ class AtomicCheckpoints:
             return
         import transformers.trainer as trainer_module
 
-        original = trainer_module.deepspeed_load_checkpoint
+        original = getattr(trainer_module, "deepspeed_load_checkpoint", None)
+        if original is None:  # another transformers: its load is then not guarded
+            yield
+            return
 
         def guarded(*args, **kwargs):
             with self._loading("DeepSpeed state"):
@@ -261,12 +264,14 @@ class AtomicCheckpoints:
 
 def _not_the_checkpoints() -> tuple[type[BaseException], ...]:
     """Errors while loading that are not the checkpoint's fault, and would fail again on any other checkpoint: an
-    input the run cannot use (a Hub id offline, a configuration), memory running out."""
+    input the run cannot use (a configuration, a Hub id offline, a model or embedding source that cannot be loaded:
+    EMO's cost embedding is prepared with the loss's own state), memory running out."""
     import torch
 
     from ..core.errors import ConfigError, HubAccessError
+    from ..models.sources import SourceError
 
-    return (CheckpointLoadError, ConfigError, HubAccessError, MemoryError,
+    return (CheckpointLoadError, ConfigError, HubAccessError, SourceError, MemoryError,
             *((torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else ()))
 
 
