@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from trl import SFTTrainer as _TRLSFTTrainer
 
 from . import trl_compat as compat
-from .checkpoints import AtomicCheckpoints
+from .atomic_checkpoints import AtomicCheckpoints
 from .config import SFTConfig
 from ..models.generation_eos import add_end_of_turn_to_generation_config
 from ..losses.registry import TRL_LOSS_TYPES
