@@ -34,8 +34,20 @@ EXIT_RUN_FAILED = 1
 
 
 def fail(name: str, exc: BaseException, status: int = EXIT_BAD_INPUT) -> int:
+    _close_progress_bars()
     print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
     return status
+
+
+def _close_progress_bars() -> None:
+    """End the progress bars a failed run left open (the Trainer closes its bar only when training ends), so that the
+    error starts a line of its own instead of following the bar's last `\r` frame."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:  # a bar whose stream is gone: nothing to end
+            pass
 
 
 def input_errors() -> tuple[type[BaseException], ...]:
