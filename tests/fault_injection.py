@@ -9,7 +9,11 @@ trl_emo takes 8-20 s here, which a dozen kills would multiply. So the children a
   saved), the moment a preemption hits mid-training;
 - `kill_in_save`: SIGKILL in the save of the checkpoint of `step`, after the model is written and before the optimizer:
   a save cut short;
-- `fail_save`: an `OSError` (no space left on device) at the same point: a save that fails.
+- `fail_save`: an `OSError` (no space left on device) at the same point: a save that fails;
+- `kill_before_publish`: SIGKILL after every file of the checkpoint of `step` and its manifest are written, before
+  the rename that publishes it: a complete checkpoint left in the staging folder;
+- `fail_staging`: no space left to create the staging folder of the checkpoint of `step`;
+- `fail_final_save`: safetensors' own error (not an `OSError`) while the final model is written.
 
 The forkserver imports before any child runs anything (no OpenMP thread pool exists yet to be lost in a fork).
 """
@@ -29,8 +33,8 @@ PRELOAD = ["torch", "transformers", "trl", "trl_emo.commands.sft", "trl_emo.comm
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "kill", "kill_in_save", "fail_save"
-    step: int
+    kind: str  # "kill", "kill_in_save", "fail_save", "kill_before_publish", "fail_staging", "fail_final_save"
+    step: int = 0
 
 
 def _install(fault: Fault | None) -> None:
@@ -49,6 +53,9 @@ def _install(fault: Fault | None) -> None:
 
         Trainer.training_step = training_step
         return
+    if fault.kind in ("kill_before_publish", "fail_staging", "fail_final_save"):
+        _install_around_publish(fault)
+        return
     original_save = Trainer._save_optimizer_and_scheduler
 
     def save_optimizer_and_scheduler(self, output_dir):
@@ -59,6 +66,42 @@ def _install(fault: Fault | None) -> None:
         return original_save(self, output_dir)
 
     Trainer._save_optimizer_and_scheduler = save_optimizer_and_scheduler
+
+
+def _install_around_publish(fault: Fault) -> None:
+    from transformers import Trainer
+
+    from trl_emo.training import atomic_checkpoints, checkpoints
+
+    if fault.kind == "kill_before_publish":
+        original_publish = atomic_checkpoints.publish
+
+        def publish(staged, final, *args, **kwargs):
+            if checkpoints.checkpoint_step(final) == fault.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original_publish(staged, final, *args, **kwargs)
+
+        atomic_checkpoints.publish = publish  # where the trainer's save looks it up
+    elif fault.kind == "fail_staging":
+        original_makedirs = os.makedirs
+
+        def makedirs(path, *args, **kwargs):
+            if checkpoints.STAGING_DIR in str(path) and checkpoints.checkpoint_step(path) == fault.step:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            return original_makedirs(path, *args, **kwargs)
+
+        os.makedirs = makedirs  # in this child alone
+    else:
+        from safetensors import SafetensorError
+
+        original_save = Trainer._save
+
+        def _save(self, output_dir=None, state_dict=None):
+            if checkpoints.STAGING_DIR not in str(output_dir):
+                raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+            return original_save(self, output_dir, state_dict)
+
+        Trainer._save = _save
 
 
 def _child(command: str, argv: list[str], fault: Fault | None, log_path: str | None) -> None:

@@ -1,5 +1,7 @@
 """Faults a training run survives, each injected: a SIGKILL mid-training and mid-save, a save that fails, a torn
-checkpoint written by something else, a relaunch with one command (`resume_from_checkpoint: auto`), two processes.
+checkpoint written by something else, a complete checkpoint left in the staging folder, a relaunch with one command
+(`resume_from_checkpoint: auto`), every save error as one line, `save_only_model` resumed. Damaged checkpoints:
+test_checkpoint_damage.py; several processes, nodes and elastic restarts: test_recovery_launches.py.
 
 Every stateful loss (GEM with a target entropy, SED-SFT's calibrated threshold, EKSFT's and ASFT's frozen reference,
 EMO's frozen cost embedding, PSFT's old policy, CurioSFT's teacher) and `trl_emo.dpo` and `trl_emo.grpo` are killed at a seeded step, relaunched with `auto`,
@@ -10,24 +12,22 @@ imported the stack once (`fault_injection`); the fault matrix is in docs/reliabi
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import CORPUS, free_port, launch_failure
+from conftest import CORPUS
 from data_fixtures import write_fixture
 from fault_injection import Fault, run_with_fault
 
 from trl_emo.commands import sft
 from trl_emo.training import checkpoints as ckpt
+from trl_emo.training import output_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS, SAVE_STEPS = 4, 2
@@ -115,8 +115,9 @@ _REFERENCES: dict = {}
 
 
 def uninterrupted(assets, name: str) -> Path:
-    """The run without a fault, launched with `auto` on an empty folder (computed once per run name)."""
-    if name not in _REFERENCES:
+    """The run without a fault, launched with `auto` on an empty folder (computed once per run name and assets)."""
+    key = (str(assets["root"]), name)
+    if key not in _REFERENCES:
         command, argv = RUNS[name]
         out = assets["root"] / f"{name}-whole"
         log = assets["root"] / f"{name}-whole.log"
@@ -124,8 +125,8 @@ def uninterrupted(assets, name: str) -> Path:
                               log_path=log)
         assert code == 0, log.read_text()[-3000:]
         assert "no complete checkpoint" in log.read_text() and "starting from scratch" in log.read_text()
-        _REFERENCES[name] = out
-    return _REFERENCES[name]
+        _REFERENCES[key] = out
+    return _REFERENCES[key]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -145,6 +146,8 @@ def test_killed_at_a_seeded_moment_then_relaunched_with_auto_ends_bit_for_bit_as
     log = tmp_path / "resume.log"
     assert run_with_fault(command, relaunch, log_path=log) == 0, log.read_text()[-3000:]
     assert (f"resuming from {saved[0]}" if saved else "starting from scratch") in log.read_text()
+    # The killed run never gave its output_dir lock back: the kernel did, and the relaunch takes it over, saying so.
+    assert "the lock of an earlier run (pid " in log.read_text() and "taking it over" in log.read_text()
     assert not (out / ckpt.STAGING_DIR).exists()  # what the cut save left is cleared
     assert_same_weights(out, uninterrupted(assets, name))
 
@@ -153,17 +156,18 @@ def test_a_torn_newest_checkpoint_is_skipped_named_and_kept(assets, tmp_path):
     whole = uninterrupted(assets, "emo_frozen_cost")
     out = tmp_path / "out"
     shutil.copytree(whole, out)
-    # As a save cut short by a writer without staging leaves it: the model written, no state, no optimizer.
+    # As a save cut short by a writer without staging (nor trl_emo's manifest) leaves it: the model written, no
+    # state, no optimizer.
     torn = out / f"checkpoint-{MAX_STEPS}"
-    (torn / "trainer_state.json").unlink()
-    (torn / "optimizer.pt").unlink()
+    for name in ("trainer_state.json", "optimizer.pt", "trl_emo_manifest.json", "trl_emo_checkpoint.json"):
+        (torn / name).unlink()
     for name in ("model.safetensors", "trainer_state.json", "README.md"):
         (out / name).unlink(missing_ok=True)
     log = tmp_path / "resume.log"
     argv = [*RUNS["emo_frozen_cost"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "true"]
     assert run_with_fault("sft", argv, log_path=log) == 0, log.read_text()[-3000:]
     text = log.read_text()
-    assert f"skipping torn checkpoint {torn} (no trainer_state.json, optimizer state)" in text
+    assert f"skipping torn checkpoint {torn} (no trainer_state.json; no optimizer state)" in text
     assert f"resuming from {out / f'checkpoint-{SAVE_STEPS}'}" in text
     assert_same_weights(out, whole)
     kept = out / f"{ckpt.REPLACED_PREFIX}checkpoint-{MAX_STEPS}"
@@ -203,8 +207,8 @@ def test_true_without_a_checkpoint_and_a_torn_folder_named_explicitly_are_one_li
     (torn / "model.safetensors").write_bytes(b"")
     assert sft.run([*argv, "--resume_from_checkpoint", str(torn)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{torn} is not a complete checkpoint (no trainer_state.json, optimizer state, " \
-        "scheduler.pt, RNG state)" in err[0]
+    assert len(err) == 1 and f"{torn} is not a complete checkpoint (no trainer_state.json; no optimizer state; no " \
+        "scheduler.pt; no RNG state; model.safetensors is cut short (0 bytes, no header))" in err[0]
 
 
 def _touch(folder: Path, *names: str):
@@ -243,51 +247,82 @@ def test_a_sharded_checkpoint_missing_a_shard_is_torn(tmp_path):
     assert ckpt.missing_parts(str(folder), save_only_model=True) == ["weight shards model-00002-of-00002.safetensors"]
 
 
+def write_valid_checkpoint(folder: Path, step: int = 1) -> Path:
+    """A small checkpoint whose files are all whole by their formats (no trl_emo manifest)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    save_file({"w": torch.ones(2, 2)}, str(folder / "model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"step": step}, folder / name)
+    return folder
+
+
 def test_auto_resolution_order_and_messages(tmp_path, caplog):
-    complete = ["trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"]
-    _touch(tmp_path / "checkpoint-2", *complete)
+    write_valid_checkpoint(tmp_path / "checkpoint-2")
     _touch(tmp_path / "checkpoint-10", "model.safetensors")  # newer by number (not by name), torn
-    _touch(tmp_path / "_replaced-checkpoint-12", *complete)  # moved aside: never a candidate
+    write_valid_checkpoint(tmp_path / "_replaced-checkpoint-12")  # moved aside: never a candidate
     assert ckpt.resolve_checkpoint("auto", str(tmp_path)) == str(tmp_path / "checkpoint-2")
     assert "skipping torn checkpoint" in caplog.text and "checkpoint-10" in caplog.text
     assert ckpt.resolve_checkpoint("false", str(tmp_path)) is None
     assert ckpt.resolve_checkpoint("auto", str(tmp_path / "nothing-yet")) is None
 
 
-# -- two processes -------------------------------------------------------------------------------------------------
+def test_a_complete_checkpoint_left_in_staging_is_published_at_the_next_launch(assets, tmp_path):
+    """A kill after the last file and the manifest of checkpoint-2 were written, before its rename: the work is on
+    disk, and the relaunch publishes it instead of clearing it."""
+    out = tmp_path / "out"
+    argv = [*RUNS["gem_target_entropy"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    assert run_with_fault("sft", argv, Fault("kill_before_publish", SAVE_STEPS)) == -signal.SIGKILL
+    assert ckpt.checkpoints(str(out)) == []
+    staged = out / ckpt.STAGING_DIR / f"checkpoint-{SAVE_STEPS}"
+    assert (staged / "trl_emo_manifest.json").exists()
+    log = tmp_path / "resume.log"
+    assert run_with_fault("sft", argv, log_path=log) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"published checkpoint-{SAVE_STEPS}, left complete in {out / ckpt.STAGING_DIR}" in text
+    assert f"resuming from {out / f'checkpoint-{SAVE_STEPS}'}" in text
+    assert not (out / ckpt.STAGING_DIR).exists()
+    assert_same_weights(out, uninterrupted(assets, "gem_target_entropy"))
 
-LAUNCH_SCRIPT = Path(__file__).parent / "scripts" / "run_command.py"
+
+@pytest.mark.parametrize("fault, says, left", [
+    # The staging folder cannot be created (disk full): before anything of the checkpoint is written.
+    (Fault("fail_staging", SAVE_STEPS), "could not save {final}: No space left on device ({staged})", []),
+    # The final model (after the last checkpoint): safetensors' own error, not an OSError.
+    (Fault("fail_final_save"), "could not save the final model to {out}: Error while serializing: I/O error: No "
+                               "space left on device (os error 28); the checkpoints there are intact",
+     [f"checkpoint-{SAVE_STEPS}"]),
+])
+def test_every_save_error_is_one_line(assets, tmp_path, fault, says, left):
+    out = tmp_path / "out"
+    argv = [*RUNS["emo_frozen_cost"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "auto",
+            "--max_steps", str(SAVE_STEPS)]
+    log = tmp_path / "failed.log"
+    assert run_with_fault("sft", argv, fault, log_path=log) == 1
+    text = log.read_text()
+    final = out / f"checkpoint-{SAVE_STEPS}"
+    expected = says.format(final=final, staged=out / ckpt.STAGING_DIR / final.name, out=out)
+    lines = [line for line in text.splitlines() if " error: " in line or line.startswith("Traceback")]
+    assert len(lines) == 1 and lines[0].startswith(f"trl_emo.sft: error: {expected}"), lines
+    assert [Path(c).name for c in ckpt.checkpoints(str(out))] == left
+    assert not (out / ckpt.STAGING_DIR).exists()
 
 
-def _launch(tmp_path, run: dict | None = None, module_argv: list[str] | None = None) -> subprocess.CompletedProcess:
-    """`accelerate launch` of two CPU processes (gloo): `run` through `scripts/run_command.py` (a fault in one rank),
-    or `module_argv` as a user types it (`-m trl_emo.sft ...`)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    target = ["-m", *module_argv] if module_argv else [str(LAUNCH_SCRIPT), json.dumps(run)]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), *target]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-
-
-def test_two_processes_one_rank_killed_then_relaunched_with_auto_end_bit_for_bit(assets, tmp_path):
-    # EKSFT with the authors' formula: a frozen reference copy, and the label rows on both processes.
-    argv = [*sft_argv(assets, "--loss_type", "eksft", "--eksft_formula", "authors"), "--resume_from_checkpoint", "auto",
-            "--per_device_train_batch_size", "2"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    # One command per launch, as a relaunch script runs them (a second command in the same processes would start
-    # after the first one's process groups were ended). The uninterrupted one as a user launches it.
-    result = _launch(tmp_path, module_argv=["trl_emo.sft", *argv, "--output_dir", str(whole)])
-    assert result.returncode == 0, launch_failure(result)
-    assert (whole / "model.safetensors").exists() and (whole / f"checkpoint-{MAX_STEPS}").exists()
-    # The second rank killed at the start of step 3.
-    result = _launch(tmp_path, {"command": "sft", "argv": [*argv, "--output_dir", str(cut)], "fault": ["kill", 3],
-                                "rank": 1})
-    assert result.returncode != 0, "the killed rank should bring the launch down"
-    assert [Path(c).name for c in ckpt.checkpoints(str(cut))] == [f"checkpoint-{SAVE_STEPS}"]
-    result = _launch(tmp_path, {"command": "sft", "argv": [*argv, "--output_dir", str(cut)]})
-    assert result.returncode == 0, launch_failure(result)
-    assert f"resuming from {cut / f'checkpoint-{SAVE_STEPS}'}" in result.stderr + result.stdout
-    assert_same_weights(cut, whole)
+def test_save_only_model_resumes_with_a_fresh_optimizer_and_says_so(assets, tmp_path):
+    out = tmp_path / "out"
+    argv = [*RUNS["gem_target_entropy"][1](assets), "--output_dir", str(out), "--resume_from_checkpoint", "auto",
+            "--save_only_model", "true"]
+    assert run_with_fault("sft", argv, Fault("kill", SAVE_STEPS + 1)) == -signal.SIGKILL
+    log = tmp_path / "resume.log"
+    assert run_with_fault("sft", argv, log_path=log) == 0, log.read_text()[-3000:]
+    assert (f"{out / f'checkpoint-{SAVE_STEPS}'} holds the weights only (saved with save_only_model): the optimizer, "
+            "the learning-rate schedule and the random state start fresh, so the run will not be the uninterrupted "
+            "run's, bit for bit") in log.read_text()
+    # As it says: the result is not the uninterrupted run's.
+    with pytest.raises(AssertionError, match="tensors differ"):
+        assert_same_weights(out, uninterrupted(assets, "gem_target_entropy"))
 
 
 def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_model(assets, tmp_path, monkeypatch):
@@ -303,6 +338,7 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     out = tmp_path / "out"
     for folder in (ckpt.STAGING_DIR + "/checkpoint-4", ckpt.REPLACED_PREFIX + "checkpoint-4", MERGED_DIR, "checkpoint-2"):
         _touch(out / folder, "model.safetensors")
+    _touch(out, output_lock.LOCK_FILE)
     recorded = {}
 
     class Api:
@@ -318,7 +354,8 @@ def test_push_to_hub_uploads_no_staging_no_torn_checkpoint_and_no_merged_sft_mod
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     uploaded = set(filter_repo_objects(files, ignore_patterns=recorded["ignore_patterns"]))
     assert "model.safetensors" in uploaded
-    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.REPLACED_PREFIX, MERGED_DIR, "checkpoint-"))]
+    assert not [f for f in uploaded if f.startswith((ckpt.STAGING_DIR, ckpt.REPLACED_PREFIX, MERGED_DIR, "checkpoint-",
+                                                     output_lock.LOCK_FILE))]
 
 
 def test_a_checkpoint_is_pushed_from_its_published_folder(assets, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from checkpoint_layouts import reseal
 from conftest import CORPUS, free_port, launch_failure
 from data_fixtures import GRPO_FIXTURE_SCHEMAS, fixture_rows, write_fixture, write_jsonl
 from trl_emo.commands import grpo, sft
@@ -241,6 +242,7 @@ def test_two_steps_from_a_full_sft_output_then_resume(tiny, tmp_path):
     state = json.loads(state_file.read_text())
     state["log_history"][-1]["resumed_marker"] = 1.0
     state_file.write_text(json.dumps(state))
+    reseal(state_file.parent)  # its manifest written again: an edit on purpose, not damage
     assert grpo.run([*head, *short(out, "--max_steps", "3", "--save_strategy", "steps", "--save_steps", "1",
                                    "--resume_from_checkpoint", "true")]) == 0
     rows = log_rows(out)

@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+from checkpoint_layouts import drop_records
 from conftest import cpu_config, four_bit_model
 from trl_emo import SFTTrainer
 from trl_emo.losses.sed import threshold_from_masses, top_k_mass
@@ -60,9 +61,10 @@ def test_sed_calibrates_its_threshold_on_the_starting_model_and_keeps_it_on_resu
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert resumed._objective.hparams["threshold"] == tau
 
-    # A checkpoint without the file (written before it existed, or copied without it): calibrated again on the trained
-    # weights, and said so in one line.
+    # A checkpoint without the file (written before it existed, by a trl_emo without checkpoint manifests): calibrated
+    # again on the trained weights, and said so in one line.
     (tmp_path / "checkpoint-2" / sed_threshold.STATE_FILE).unlink()
+    drop_records(tmp_path / "checkpoint-2")
     monkeypatch.setattr(sed_threshold, "calibrate", lambda *a, **k: 0.5)
     again = SFTTrainer(model=make_model(), args=cpu_config(tmp_path, loss_type="sed", max_steps=3),
                        train_dataset=pc_dataset, processing_class=tokenizer)

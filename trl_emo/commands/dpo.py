@@ -37,7 +37,7 @@ def make_parser(subparsers=None, prog: str | None = None):
 def _build_trainer(dpo_run):
     from trl import DPOTrainer
 
-    from ..training.checkpoints import with_atomic_checkpoints
+    from ..training.atomic_checkpoints import with_atomic_checkpoints
 
     return build_trainer(with_atomic_checkpoints(DPOTrainer), dpo_run, dpo_run.policy)
 

@@ -55,7 +55,7 @@ def _keep_freed_memory(grpo_run) -> None:
 def _build_trainer(grpo_run):
     from trl import GRPOTrainer
 
-    from ..training.checkpoints import with_atomic_checkpoints
+    from ..training.atomic_checkpoints import with_atomic_checkpoints
 
     from ..training.reward_signal import RewardNeverFires
 

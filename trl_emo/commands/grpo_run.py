@@ -150,7 +150,8 @@ def resolve_grpo_run(args: CommandLine) -> GRPORun:
 
     script_args, training_args, model_args, data_args, grpo_args, run_args = args.values
     notes = list(args.notes)
-    check_sft_output(model_args, training_args, script_args, "e.g. openai/gsm8k with dataset_config main")
+    check_sft_output(model_args, training_args, script_args, "e.g. openai/gsm8k with dataset_config main",
+                     dry_run=run_args.dry_run)
     check_generation(training_args)
     if training_args.remove_unused_columns:
         # The reference answer reaches the rewards as a dataset column the model does not take: TRL's GRPO needs

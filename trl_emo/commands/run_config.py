@@ -67,19 +67,19 @@ def dpo_dataclass_types() -> tuple:
     return (ScriptArguments, DPOConfig, ModelConfig, DataArguments, RunArguments)
 
 
-def resolve_resume(training_args, side_files=()) -> None:
+def resolve_resume(training_args, side_files=(), dry_run: bool = False) -> None:
     """`resume_from_checkpoint` resolved before anything loads, to the checkpoint folder the run resumes from or None
-    (`trl_emo.training.checkpoints.resolve_checkpoint`: `true`, `auto`, `false` or a folder; torn checkpoints
-    skipped and named; `true` with no complete checkpoint a one-line `ConfigError`). `side_files`: what the loss keeps
-    in a checkpoint besides transformers' files. `output_dir` is checked too (`check_output_dir`)."""
-    from ..training.checkpoints import resolve_checkpoint
+    (`trl_emo.training.checkpoints.start_run`: `true`, `auto`, `false` or a folder; torn or damaged checkpoints skipped
+    and named; `true` with no complete checkpoint a one-line `ConfigError`; the same choice on every process).
+    `side_files`: what the loss keeps in a checkpoint besides transformers' files. `output_dir` is checked
+    (`check_output_dir`) and, unless `dry_run`, taken for this run (its lock) before anything is written there, and
+    what a kill left in its staging folder settled."""
+    from ..training.checkpoints import start_run
     from .training_command import check_output_dir
 
     check_output_dir(training_args.output_dir)
-    training_args.resume_from_checkpoint = resolve_checkpoint(
-        training_args.resume_from_checkpoint, training_args.output_dir, training_args.save_only_model, side_files,
-        announce=training_args.should_log,
-    )
+    training_args.resume_from_checkpoint = start_run(training_args, training_args.resume_from_checkpoint, side_files,
+                                                     lock=not dry_run)
 
 
 def _require(value, message: str) -> None:
@@ -246,7 +246,8 @@ def resolve_sft_run(args: CommandLine) -> SFTRun:
     check_loss_paths(training_args)
     check_counts(training_args, model_args)
     check_chat_template_path(training_args.chat_template_path)
-    resolve_resume(training_args, training_args.checkpoint_side_files(head_trains=_head_trains(model_args)))
+    resolve_resume(training_args, training_args.checkpoint_side_files(head_trains=_head_trains(model_args)),
+                   dry_run=run_args.dry_run)
     training_args.chat_template_path = training_args.chat_template_path or None  # `--chat_template_path ""` unsets it
 
     # Every Hub id the run will load, checked before the first of them is (a dry run included).
@@ -361,7 +362,7 @@ def _head_trains(model_args) -> bool:
     return any("lm_head" in str(name) for name in (model_args.lora_modules_to_save or []))
 
 
-def check_sft_output(model_args, training_args, script_args, dataset_example: str) -> None:
+def check_sft_output(model_args, training_args, script_args, dataset_example: str, dry_run: bool = False) -> None:
     """What a run after SFT (DPO, GRPO) needs before anything loads: a starting model that exists (a folder written by
     `trl_emo.sft`, made absolute, or a Hub id) and a dataset; `output_dir` usable; `resume_from_checkpoint`
     resolved."""
@@ -374,7 +375,7 @@ def check_sft_output(model_args, training_args, script_args, dataset_example: st
     _require(script_args.dataset_name, f"dataset_name is required ({dataset_example}).")
     model_args.model_name_or_path = local_model("model_name_or_path", model_args.model_name_or_path)
     check_counts(training_args, model_args)
-    resolve_resume(training_args)
+    resolve_resume(training_args, dry_run=dry_run)
 
 
 def evaluation_split(training_args, script_args, eval_dataset):
@@ -442,7 +443,8 @@ def resolve_dpo_run(args: CommandLine) -> DPORun:
     from .preflight import dpo_sources
 
     script_args, training_args, model_args, data_args, run_args = args.values
-    check_sft_output(model_args, training_args, script_args, "e.g. HuggingFaceH4/ultrafeedback_binarized")
+    check_sft_output(model_args, training_args, script_args, "e.g. HuggingFaceH4/ultrafeedback_binarized",
+                     dry_run=run_args.dry_run)
     check_dpo_loss_type(training_args)
     # Every Hub id the run will load (the model or its adapter's base, the dataset), checked before merging.
     hub_sources = dpo_sources(script_args, model_args)

@@ -7,8 +7,12 @@ all three:
 
 - an input the run cannot use (a recipe field, a path, a Hub id, the data, a checkpoint to resume from): one line on
   stderr naming the field, the value and the fix, exit status 2, before any model is loaded where it can be known then;
-- a save that fails (disk full, permission): one line naming the folder and the cause, exit status 1; the earlier
-  checkpoints are untouched (`trl_emo.training.checkpoints`), so the run resumes from the last of them.
+- a save that fails (disk full, permission; a checkpoint or the final model, whatever library raised it): one line
+  naming the folder and the cause, exit status 1; the earlier checkpoints are untouched
+  (`trl_emo.training.checkpoints`), so the run resumes from the last of them;
+- a checkpoint that passed its checks and still fails to load: one warning naming it and the cause, the checkpoint
+  marked unusable (kept), and the run goes back to the previous complete one in the same launch;
+- another live run on the same `output_dir`: one line naming it, exit status 2 (`trl_emo.training.output_lock`).
 """
 
 from __future__ import annotations
@@ -30,8 +34,20 @@ EXIT_RUN_FAILED = 1
 
 
 def fail(name: str, exc: BaseException, status: int = EXIT_BAD_INPUT) -> int:
+    _close_progress_bars()
     print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
     return status
+
+
+def _close_progress_bars() -> None:
+    """End the progress bars a failed run left open (the Trainer closes its bar only when training ends), so that the
+    error starts a line of its own instead of following the bar's last `\r` frame."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:  # a bar whose stream is gone: nothing to end
+            pass
 
 
 def input_errors() -> tuple[type[BaseException], ...]:
@@ -79,13 +95,24 @@ def build_trainer(trainer_class, run, model, **extra):
 
 
 def run_training(command: TrainingCommand, args: CommandLine) -> int:
-    """Run `command` on a parsed command line; the exit status (0, `EXIT_BAD_INPUT`, `EXIT_RUN_FAILED`)."""
+    """Run `command` on a parsed command line; the exit status (0, `EXIT_BAD_INPUT`, `EXIT_RUN_FAILED`). The
+    `output_dir` lock that resolving the run takes is given back however the run ends."""
+    from ..training import checkpoints, output_lock
+
+    try:
+        return _run_training(command, args)
+    finally:
+        output_lock.release_all()
+        checkpoints.forget_choices()
+
+
+def _run_training(command: TrainingCommand, args: CommandLine) -> int:
     from ..core.errors import ConfigError, HubAccessError
-    from ..core.hub import hub_errors
     from ..core.noise import quiet_optional_packages, release_for
     from ..core.logs import process_log_level, setup_command_logging
     from ..core.optional import require
-    from ..training.checkpoints import CheckpointSaveError
+    from ..training.atomic_checkpoints import save_errors
+    from ..training.checkpoints import CheckpointLoadError, CheckpointSaveError
     from ..training.finish import end_run
 
     check_parsed(args, command.name)
@@ -107,25 +134,38 @@ def run_training(command: TrainingCommand, args: CommandLine) -> int:
         command.before_model(run)
     output_dir = run.training_args.output_dir
     try:
-        # The checked ids can still fail here (offline, the weights of a model whose config alone is cached).
-        with hub_errors(run.hub_sources):
-            try:
-                trainer = command.build_trainer(run)
-            except ValueError as exc:
-                # TRL's and transformers' trainers check their configuration when built (DPO's `loss_type`, a
-                # vocabulary the head cannot score...) and say so in a ValueError: the user's input, one line.
-                raise ConfigError(str(exc)) from exc
+        trainer = _build(command, run)
         check_kept_rows(command, run, trainer)
-        # EMO's cost embedding is loaded at the first step, under the trainer's own translation.
-        trainer.train(resume_from_checkpoint=run.training_args.resume_from_checkpoint)
+        resume = run.training_args.resume_from_checkpoint
+        while True:
+            try:
+                # EMO's cost embedding is loaded at the first step, under the trainer's own translation.
+                trainer.train(resume_from_checkpoint=resume)
+                break
+            except CheckpointLoadError as exc:
+                failed, resume = str(exc), exc.asked  # the text only: the exception's traceback holds the trainer
+            # A checkpoint that passed its checks and still failed to load (on some process) is marked unusable; the
+            # run goes back to the previous complete one, on a trainer built afresh (the failed load may have
+            # touched the weights or the optimizer), in this same launch. A folder named explicitly is an error.
+            if not (resume is True or resume == "auto"):
+                raise ConfigError(f"resume_from_checkpoint: {failed}; it is marked unusable, kept; pass another "
+                                  "checkpoint folder, or auto to take the newest complete one")
+            if run.training_args.should_log:
+                logger.warning("%s; it is marked unusable (kept), going back to the previous complete checkpoint",
+                               failed)
+            _let_go(trainer)
+            trainer = None
+            _collect_garbage()
+            trainer = _build(command, run)
     except (HubAccessError, ConfigError) as exc:
         return fail(command.name, exc)
     except CheckpointSaveError as exc:
         return fail(command.name, exc, EXIT_RUN_FAILED)
     try:
         command.save(trainer, run)
-    except OSError as exc:
-        cause = exc.strerror or str(exc)
+    except save_errors() as exc:
+        # OSError, torch.save's RuntimeError and safetensors' error on a full disk: one line, the checkpoints intact.
+        cause = getattr(exc, "strerror", None) or one_line(exc)
         return fail(command.name, OSError(f"could not save the final model to {output_dir}: {cause}; the checkpoints "
                                           "there are intact (relaunch with --resume_from_checkpoint auto)"),
                     EXIT_RUN_FAILED)
@@ -147,6 +187,40 @@ def required_packages(run) -> list:
     if getattr(run.training_args, "deepspeed", None):
         needed.append(optional.DEEPSPEED)
     return needed
+def _build(command: TrainingCommand, run):
+    from ..core.errors import ConfigError
+    from ..core.hub import hub_errors
+
+    # The checked ids can still fail here (offline, the weights of a model whose config alone is cached).
+    with hub_errors(run.hub_sources):
+        try:
+            return command.build_trainer(run)
+        except ValueError as exc:
+            # TRL's and transformers' trainers check their configuration when built (DPO's `loss_type`, a
+            # vocabulary the head cannot score...) and say so in a ValueError: the user's input, one line.
+            raise ConfigError(str(exc)) from exc
+
+
+def _let_go(trainer) -> None:
+    """What a trainer holds beyond itself, before another is built in the same process: accelerate's references to
+    its model and optimizer, and accelerate's per-process state (with DeepSpeed, accelerate refuses a second
+    `Accelerator` built with its plugin while the first one's state stands). The process group stays."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    trainer.accelerator.free_memory()
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+
+
+def _collect_garbage() -> None:
+    """Free a dropped trainer's model, optimizer and engine before another is built (one model's memory at a time)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def check_kept_rows(command: TrainingCommand, run, trainer) -> None:

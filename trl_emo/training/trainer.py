@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from trl import SFTTrainer as _TRLSFTTrainer
 
 from . import trl_compat as compat
-from .checkpoints import AtomicCheckpoints
+from .atomic_checkpoints import AtomicCheckpoints
 from .config import SFTConfig
 from . import lora_head
 from ..data.token_weights import WEIGHTS_COLUMN, carries_weights
