@@ -11,6 +11,12 @@ import torch
 from conftest import conversation_rows, cpu_config
 
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    # The trainers' output folders ("out", which a run locks) go to a temporary folder, not the checkout.
+    monkeypatch.chdir(tmp_path)
+
+
 def lora_config(**overrides):
     from peft import LoraConfig
 
@@ -31,7 +37,7 @@ def build(model, tokenizer, rows, loss_type, peft_config, **config):
 
     from trl_emo import SFTTrainer
 
-    args = cpu_config("unused", loss_type=loss_type, per_device_train_batch_size=4, **config)
+    args = cpu_config("out", loss_type=loss_type, per_device_train_batch_size=4, **config)
     return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                       peft_config=peft_config)
 

@@ -10,6 +10,12 @@ import torch
 
 from conftest import cpu_config
 
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    # The trainers' output folders ("out", which a run locks) go to a temporary folder, not the checkout.
+    monkeypatch.chdir(tmp_path)
+
 WEIGHTED = [0.5, 2.0]  # the two assistant turns' weights
 
 
@@ -36,7 +42,7 @@ def prepared(tokenizer, rows, **config):
     from trl_emo.training.trl_compat import prepare_sft_examples
 
     config.setdefault("assistant_only_loss", "messages" in rows[0])
-    args = cpu_config("unused", **config)
+    args = cpu_config("out", **config)
     return prepare_sft_examples(dataset(rows), tokenizer, args, len(rows))
 
 
@@ -44,7 +50,7 @@ def trained(make_model, tokenizer, rows, steps=2, loss_type="gem", **config):
     from trl_emo import SFTTrainer
 
     config = {"assistant_only_loss": True, "max_steps": steps, "per_device_train_batch_size": 4, **config}
-    trainer = SFTTrainer(model=make_model(), args=cpu_config(config.pop("output_dir", "unused"), loss_type=loss_type,
+    trainer = SFTTrainer(model=make_model(), args=cpu_config(config.pop("output_dir", "out"), loss_type=loss_type,
                                                              **config),
                          train_dataset=dataset(rows), processing_class=tokenizer)
     trainer.train()
@@ -157,7 +163,7 @@ def test_tokenized_loss_weights_weigh_each_token(make_model, tokenizer):
     for i in range(4):
         ids = tokenizer(f"Question {i}: the colour red and the animal owl.")["input_ids"]
         rows.append({"input_ids": ids, "loss_weights": (2 * torch.rand(len(ids), generator=g)).tolist()})
-    trainer = SFTTrainer(model=make_model(), args=cpu_config("unused", loss_type="gem", per_device_train_batch_size=4),
+    trainer = SFTTrainer(model=make_model(), args=cpu_config("out", loss_type="gem", per_device_train_batch_size=4),
                          train_dataset=dataset(rows), processing_class=tokenizer)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     assert "loss_weights" in batch
@@ -194,13 +200,13 @@ def test_weighted_evaluation_with_trls_nll(make_model, tokenizer):
     `evaluate()` of a trainer built without weights is refused in one line instead of evaluated unweighted."""
     from trl_emo import SFTTrainer
 
-    trainer = SFTTrainer(model=make_model(), args=cpu_config("unused", loss_type="nll", assistant_only_loss=True,
+    trainer = SFTTrainer(model=make_model(), args=cpu_config("out", loss_type="nll", assistant_only_loss=True,
                                                               per_device_eval_batch_size=4),
                          train_dataset=dataset(conversations(8)), eval_dataset=dataset(conversations(6)),
                          processing_class=tokenizer)
     metrics = trainer.evaluate()
     assert trainer._trl_weights and metrics["eval_objective"] == pytest.approx(metrics["eval_loss"], rel=1e-6)
-    plain = SFTTrainer(model=make_model(), args=cpu_config("unused", loss_type="gem", assistant_only_loss=True),
+    plain = SFTTrainer(model=make_model(), args=cpu_config("out", loss_type="gem", assistant_only_loss=True),
                        train_dataset=dataset(conversations(8, with_weights=False)), processing_class=tokenizer)
     with pytest.raises(ValueError, match="has per-token loss weights but the trainer was built on data without them"):
         plain.evaluate(dataset(conversations(4)))
