@@ -17,6 +17,7 @@ fields (`tests/test_fused.py` and `tests/test_triton_kernels.py` loop over the r
 from __future__ import annotations
 
 from . import asft, ce_entropy, dft, eaft, eksft, emo, gem, mixce, nll, sed, tailr
+from . import gift, iw_sft, prob, slm
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
@@ -44,6 +45,10 @@ add_loss(eaft.LOSS)
 add_loss(asft.LOSS)
 add_loss(sed.LOSS)
 add_loss(eksft.LOSS)
+add_loss(prob.LOSS)
+add_loss(iw_sft.LOSS)
+add_loss(gift.LOSS)
+add_loss(slm.LOSS)
 
 # The reference per-token functions under descriptive names.
 nll_per_token = nll.per_token
@@ -56,6 +61,10 @@ eaft_per_token = eaft.per_token
 asft_per_token = asft.per_token
 sed_per_token = sed.per_token
 eksft_per_token = eksft.per_token
+prob_per_token = prob.per_token
+iw_sft_per_token = iw_sft.per_token
+gift_per_token = gift.per_token
+slm_per_token = slm.per_token
 
 __all__ = [
     "BACKENDS",
@@ -77,16 +86,20 @@ __all__ = [
     "fused_linear_loss",
     "fused_lm_loss",
     "gem_per_token",
+    "gift_per_token",
+    "iw_sft_per_token",
     "get_loss",
     "list_losses",
     "load_cost_embedding",
     "logit_transform_of",
     "mixce_per_token",
     "nll_per_token",
+    "prob_per_token",
     "ReferenceHead",
     "register_loss",
     "select_targets",
     "sed_per_token",
+    "slm_per_token",
     "tailr_per_token",
     "token_statistics",
     "unregister_loss",

@@ -10,8 +10,9 @@ loss = loss_fn(hidden, model.lm_head.weight, labels)       # labels: -100 ignore
 loss.backward()
 ```
 
-Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch` and a
-reference model's hidden states and head (ASFT, EKSFT); computes the loss chunk by chunk (`fused.fused_linear_loss`),
+Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
+reference model's hidden states and head (ASFT, EKSFT, iw-SFT, GIFT, SLM) and each position's sequence (iw-SFT);
+computes the loss chunk by chunk (`fused.fused_linear_loss`),
 never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
 transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
 
@@ -38,13 +39,14 @@ from ._common import (
     check_positive_number,
     select_positions,
 )
+from ._common import sequence_ids as sequence_ids_of
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
-from .registry import ROLES, LossSpec, get_loss
+from .registry import ROLES, SEQUENCES, LossSpec, RowTensors, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights")
+_INPUTS = ("reference", "cost_embedding", ROLES, SEQUENCES, "weights")
 
 
 @dataclass
@@ -154,7 +156,8 @@ class FusedLinearLoss(torch.nn.Module):
 
     Args:
         loss_type: the loss's registered name: `"nll"`, `"dft"`, `"gem"`, `"emo"`, `"tailr"`, `"mixce"`,
-            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"` or one registered with `trl_emo.register_loss`
+            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"prob"`, `"iw_sft"`, `"gift"`, `"slm"` or one
+            registered with `trl_emo.register_loss`
             (`trl_emo.losses.list_losses()` lists them).
         logit_scale: the factor the model applies to its logits (`z = scale * (h W^T + b)`); `for_model` reads it
             from the model's config.
@@ -178,7 +181,7 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
-    return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
+    sequence_ids=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming it and the fix.
     """
 
     def __init__(
@@ -258,6 +261,7 @@ class FusedLinearLoss(torch.nn.Module):
         *,
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
+        sequence_ids: torch.Tensor | None = None,
         return_stats: bool = False,
     ) -> torch.Tensor | FusedLinearLossOutput:
         """The loss, `Σ_t ℓ_t / N` over the positions with a target.
@@ -272,10 +276,13 @@ class FusedLinearLoss(torch.nn.Module):
             num_items_in_batch: `N`, the number of target tokens the loss is normalized by (Hugging Face's
                 `num_items_in_batch`: all micro-batches of the optimizer step, for gradient accumulation); default:
                 the target tokens of this call.
-            reference: ASFT and EKSFT: the reference model's final hidden states over the same positions as
-                `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
-                computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
-                `eksft_ratio=0`).
+            reference: ASFT, EKSFT, iw-SFT, GIFT and SLM: the reference model's final hidden states over the same
+                positions as `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale,
+                softcap)`, computed without gradient. Not needed when the loss's settings run no reference
+                (`asft_alpha=0`, `eksft_ratio=0`).
+            sequence_ids: iw-SFT (and SLM with `slm_scope="sequence"`): which sequence each position belongs to,
+                shaped like `labels` (for packed rows, e.g. the example index within the row). Default: each row of
+                2-D labels is a sequence; 1-D labels are one sequence.
             return_stats: return a `FusedLinearLossOutput` (the loss and per-position statistics) instead of the
                 loss alone.
         """
@@ -309,6 +316,12 @@ class FusedLinearLoss(torch.nn.Module):
             raise ValueError(f"loss {spec.name!r} reads no reference model; drop reference=.")
         if positions.roles is not None:
             kwargs[ROLES] = positions.roles
+        if spec.reads_sequences(hparams):
+            if sequence_ids is not None and tuple(sequence_ids.shape) != tuple(labels.shape):
+                raise ValueError(f"sequence_ids {tuple(sequence_ids.shape)} must have the shape of labels "
+                                 f"{tuple(labels.shape)}.")
+            ids = sequence_ids if sequence_ids is not None else sequence_ids_of(labels)
+            kwargs[SEQUENCES] = RowTensors({"id": positions.take(ids.to(weight.device))})
         out = fused_linear_loss(
             positions.take(hidden.to(weight.device)),
             weight,
@@ -337,6 +350,7 @@ def fused_lm_loss(
     bias: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
+    sequence_ids: torch.Tensor | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
@@ -376,4 +390,4 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   return_stats=return_stats)
+                   sequence_ids=sequence_ids, return_stats=return_stats)
