@@ -18,8 +18,7 @@ plain cross-entropy (L451-454); `eval_loss` is the objective here, with `eval_cr
 
 Fused as ASFT: the reference's logits are built chunk by chunk from its final hidden states and head. The PyTorch chunk
 kernel forms `q` in the reference's buffer; the Triton row kernel reads each row of both twice: first the policy's
-log-normalizer and the reference's, with `Σ_{v≠y} r_v` (so that the target's boosted mass and the rest are summed
-apart, without cancellation); then `q_v` itself, the loss `Σ q_v (lse − z_v)` and `p − q` in place.
+log-normalizer and the reference's (the target's boosted mass and the rest are summed apart); then `q_v` itself, the loss `Σ q_v (lse − z_v)` and `p − q` in place.
 """
 
 from __future__ import annotations
@@ -29,7 +28,19 @@ import math
 import torch
 
 from ._common import check_choice, check_number, log_softmax, softmax_stats, upcast
-from ._triton import RowLaunch, load_logits, logits_block, row_inputs, running_max, softmax_sums, store_grad, store_stats, tl, triton
+from ._triton import (
+    RowLaunch,
+    load_logits,
+    logits_block,
+    row_inputs,
+    running_max,
+    softmax_sums,
+    store_grad,
+    store_stats,
+    tanh,
+    tl,
+    triton,
+)
 from .asft import ReferenceHead
 from .registry import LossSpec
 from .target_stats import reference_chunk
@@ -109,8 +120,6 @@ def _rows(
     idx = 0
     m_r = -1.0e30
     s_r = 0.0
-    u = 0.0  # Σ_{v≠y} e^{z_r - m_r}
-    zr_y = 0.0
     for off in range(0, V, BLOCK):
         offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
         m_new, idx = running_max(m, idx, z, off)
@@ -118,35 +127,36 @@ def _rows(
         m = m_new
         zr = load_logits(R_row, BIAS, offs, mask, ref_scale, ref_softcap, False, HAS_REF_SOFTCAP)
         mr_new = tl.maximum(m_r, tl.max(zr, 0))
-        alpha_r = tl.exp(m_r - mr_new)
-        e_r = tl.exp(zr - mr_new)
-        s_r = alpha_r * s_r + tl.sum(e_r, 0)
-        u = alpha_r * u + tl.sum(tl.where(offs == y, 0.0, e_r), 0)
-        zr_y += tl.sum(tl.where(offs == y, zr, 0.0), 0)
+        s_r = tl.exp(m_r - mr_new) * s_r + tl.sum(tl.exp(zr - mr_new), 0)
         m_r = mr_new
     log_s = tl.log(s)
     lse = m + log_s
     nll = lse - z_y
     lse_r = m_r + tl.log(s_r)
+    zr_y = tl.load(R_row + y).to(tl.float32) * ref_scale
+    if HAS_REF_SOFTCAP:
+        zr_y = ref_softcap * tanh(zr_y / ref_softcap)
     log_ry = zr_y - lse_r
     if HAS_FLOOR:
         log_my = tl.log(keep * tl.exp(log_ry) + floor)
     else:
         log_my = log_ry  # λ = 0 without ε: keep = 1
-    # log Z = log(m_y e^β + Σ_{v≠y} m_v), the two masses summed apart.
+    # log Z = log(m_y e^β + Σ_{v≠y} m_v), the two masses summed apart. Σ_{v≠y} r_v = 1 − r_y loses ~1e-7 to rounding
+    # where r_y ≈ 1, never more than 1e-7 of Z ≥ Σ_v m_v ≈ 1.
     a = log_my + beta
-    log_rest = tl.log(keep * (u / s_r) + (V - 1) * floor)
+    log_rest = tl.log(keep * tl.maximum(1.0 - tl.exp(log_ry), 0.0) + (V - 1) * floor)
     top = tl.maximum(a, log_rest)
     log_z = top + tl.log(1.0 + tl.exp(-tl.abs(a - log_rest)))
     q_y = tl.exp(a - log_z)
-    inv_z = tl.exp(-log_z)
+    # q_v = (keep r_v + floor) / Z off the target: scale and offset of exp(z_r − lse_r).
+    q_scale = keep * tl.exp(-log_z)
+    q_floor = floor * tl.exp(-log_z)
     grad_scale = tl.load(GRAD_SCALE)
     value = 0.0
     for off in range(0, V, BLOCK):
         offs, mask, z = logits_block(Z_row, BIAS, off, V, logit_scale, softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK)
         zr = load_logits(R_row, BIAS, offs, mask, ref_scale, ref_softcap, False, HAS_REF_SOFTCAP)
-        q = tl.where(offs == y, q_y, (keep * tl.exp(zr - lse_r) + floor) * inv_z)
-        q = tl.where(mask, q, 0.0)
+        q = tl.where(offs == y, q_y, tl.where(mask, q_scale * tl.exp(zr - lse_r) + q_floor, 0.0))
         value += tl.sum(q * (lse - z), 0)
         if WRITE_GRAD:
             store_grad(Z_row, offs, mask, tl.exp(z - lse) - q, z, grad_scale, logit_scale, softcap, HAS_SOFTCAP)

@@ -52,6 +52,9 @@ def check(hp: dict) -> None:
         return
     if only not in ONLY:
         raise ValueError(f"prob_only must be top, bottom or null, got {only!r}.")
+    if threshold is None:
+        raise ValueError(f"prob_only is {only!r} but prob_threshold is null: set the probability threshold that "
+                         f"decides which tokens are kept (their OnlyTopP-t / OnlyBottomP-t), or remove prob_only.")
     number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
     # The authors' asserts (L388, L394): top 0 <= t < 1, bottom 0 < t <= 1.
     ok = number and (0 <= threshold < 1 if only == "top" else 0 < threshold <= 1)
