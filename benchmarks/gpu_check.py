@@ -48,8 +48,8 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls"]
+                 "torch_lce", "emo_live", "prob", "iw_sft", "gift", "slm"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "prob", "iw_sft", "gift", "slm"]
 QLORA_VARIANTS = ["nll", "gem", "emo"]
 ROW_KERNELS = ["nll", "gem_logsigmoid", "emo"]
 ROW_CANDIDATES = [(2048, 4), (4096, 8), (8192, 16), (16384, 16)]

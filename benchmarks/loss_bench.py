@@ -17,7 +17,9 @@ Variants (`--variants`):
                   states and head are inputs like the policy's: its own memory is reported apart,
                   as `reference_model_bytes`; the loss's peak counts its reference-logits buffer),
                   sed (threshold 0.9: the trainer calibrates it), eksft (the paper's formula; its reference as
-                  ASFT's), eksft_authors (the authors' formula on the target rows).
+                  ASFT's), eksft_authors (the authors' formula on the target rows), prob (q = 10), prob_top (q = 1
+                  and a threshold: its first pass), iw_sft, gift, slm (their reference as ASFT's; iw_sft's tokens
+                  one sequence, which costs what many do).
                   Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
@@ -48,7 +50,7 @@ from datetime import date
 VARIANTS = [
     "trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits", "nll", "gem", "gem_ls", "emo", "emo_live",
     "tailr", "mixce", "ce_entropy", "eaft", "eaft_full", "asft", "sed", "eksft", "eksft_authors", "trl_gem_tempered",
-    "logits_gem", "logits_emo",
+    "logits_gem", "logits_emo", "prob", "prob_top", "iw_sft", "gift", "slm",
 ]
 # Anchors that compute cross-entropy (their float64 reference is nll), and what each needs.
 NLL_ANCHORS = {"trl_nll", "liger_nll", "cce_nll", "torch_lce", "trl_nll_logits"}
@@ -70,6 +72,12 @@ LOSS_VARIANTS = {
     "sed": ("sed", {"threshold": 0.9}),
     "eksft": ("eksft", {}),
     "eksft_authors": ("eksft", {"formula": "authors"}),
+    "prob": ("prob", {}),
+    # A threshold (here "OnlyTopP-1e-5": about half the tokens of a random model) adds a first pass over the chunks.
+    "prob_top": ("prob", {"q": 1.0, "only": "top", "threshold": 1e-5}),
+    "iw_sft": ("iw_sft", {}),
+    "gift": ("gift", {}),
+    "slm": ("slm", {}),
 }
 
 
@@ -203,7 +211,7 @@ def reference_errors(variant, hidden, weight, targets, cost, loss, reference=Non
 
     key = "nll" if variant in NLL_ANCHORS else variant.removeprefix("logits_").replace("trl_gem_tempered", "gem")
     name, hparams = loss_args(key)
-    if get_loss(name).prepare is not None:  # a first pass over the chunks (EKSFT) reads the reference per chunk
+    if get_loss(name).prepare is not None and get_loss(name).needs_reference:  # a first pass (EKSFT) reads it per chunk
         from trl_emo.losses.asft import ReferenceHead
 
         hparams = {**hparams, "reference": ReferenceHead(reference.hidden.double(), reference.weight.double())}
@@ -230,6 +238,8 @@ def reference_errors(variant, hidden, weight, targets, cost, loss, reference=Non
 def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, threads, options, accuracy) -> dict:
     import torch
 
+    from trl_emo.losses import get_loss
+
     if threads:
         torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
@@ -240,8 +250,8 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
     reference = None
-    if variant in ("asft", "eksft", "eksft_authors"):
-        # ASFT's (and EKSFT's) reference model at the target positions: its hidden states and head (persistent
+    if variant in LOSS_VARIANTS and get_loss(LOSS_VARIANTS[variant][0]).needs_reference:
+        # ASFT's (and EKSFT's, iw-SFT's, GIFT's, SLM's) reference model at the target positions: its hidden states and head (persistent
         # inputs like the policy's, excluded from the loss's peak and reported on their own).
         from trl_emo.losses.asft import ReferenceHead
 
