@@ -119,3 +119,46 @@ def test_bad_settings_are_one_line_errors_whatever_the_loss(tmp_path, overrides,
     with pytest.raises(ValueError) as info:
         SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_iw_sft_and_slm_under_ddp(tmp_path):
+    """Two processes with micro-batches of 2 rows (one launch, two trainings). iw-SFT weighs each sequence by its own
+    tokens only: exactly one process with batch 4. SLM selects within each micro-batch of each process: exactly one
+    process accumulating micro-batches of 2 (docs/losses.md, "Scope"). iw-SFT's reference is another model, so that
+    its weights differ from 1 from the first step."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import CORPUS, free_port, launch_failure
+    from trl_emo.models.tiny import save_tiny_causal_lm
+
+    script = Path(__file__).parent / "scripts" / "train_tiny.py"
+    tiny = dict(vocab_size=320, hidden_size=32, intermediate_size=64)
+    model_dir = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "model", **tiny)
+    reference = save_tiny_causal_lm(CORPUS, output_dir=tmp_path / "reference", seed=1, **tiny)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    runs = {"iw_sft": {"loss_type": "iw_sft", "config": {"iw_sft_ref_model": reference}},
+            "slm": {"loss_type": "slm"}}
+    ddp = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
+           "no", "--main_process_port", str(free_port())]
+    out = tmp_path / "ddp.json"
+    result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *ddp, str(script), model_dir, str(out),
+                             "runs", "2", "2", json.dumps(runs)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, launch_failure(result)
+    singles = {"iw_sft": (4, {"config": {"iw_sft_ref_model": reference}}),
+               "slm": (2, {"config": {"gradient_accumulation_steps": 2}})}
+    for name, (batch, extra) in singles.items():
+        single = tmp_path / f"single-{name}.json"
+        result = subprocess.run([sys.executable, str(script), model_dir, str(single), name, str(batch), "2",
+                                 json.dumps(extra)], env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, launch_failure(result)
+        two, one = json.loads((tmp_path / f"ddp-{name}.json").read_text()), json.loads(single.read_text())
+        assert two["num_processes"] == 2 and one["num_processes"] == 1
+        assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=1e-5), name
+        assert torch.allclose(torch.tensor(two["weights"]), torch.tensor(one["weights"]), atol=1e-5), name
+    weights = [row["iw_sft_weight"] for row in json.loads((tmp_path / "ddp-iw_sft.json").read_text())["log_history"]
+               if "iw_sft_weight" in row]
+    assert weights and all(abs(w - 1) > 1e-3 for w in weights)
