@@ -5,7 +5,7 @@ per-sequence weight, `slm`'s excess loss).
 Per row only `log p_y = z_y − lse(z)` (and the reference's `log q_y = z^r_y − lse(z^r)`): a log-normalizer is one read
 of the chunk's logits, so the first pass costs one more product with the head per chunk (and one with the reference's
 head), never a `[tokens, V]` tensor. The PyTorch path takes the same float32 logits as its loss pass
-(`StatisticsPass.logits`, `ReferenceHead.logits`) and their `log_softmax`; the Triton path writes the compute-dtype
+(`StatisticsPass.logits`, `ReferenceHead.logits`) and their `logsumexp`; the Triton path writes the compute-dtype
 products into a chunk buffer (the reference's into the loss's extra buffer), a row kernel reduces each row to its
 log-normalizer, and the target logits are float32 dot products, as the loss pass computes them (`fused._target_logits`).
 """
@@ -80,11 +80,12 @@ def target_log_probs(statistics, name: str, reference: ReferenceHead | None = No
         if logp is None:
             logp = torch.empty(n, device=z.device, dtype=z.dtype)
             ref_logp = torch.empty_like(logp) if reference is not None else None
-        logp[start:end] = torch.log_softmax(z, dim=-1).gather(1, targets).squeeze(1)
+        # `z_y − logsumexp(z)`: no `[n, V]` output, unlike `log_softmax` (the same value to the last bits).
+        logp[start:end] = z.gather(1, targets).squeeze(1) - torch.logsumexp(z, dim=-1)
         del z
         if reference is not None:
             zr = reference.rows(start, end).logits()
-            ref_logp[start:end] = torch.log_softmax(zr, dim=-1).gather(1, targets).squeeze(1).to(logp.dtype)
+            ref_logp[start:end] = (zr.gather(1, targets).squeeze(1) - torch.logsumexp(zr, dim=-1)).to(logp.dtype)
     return logp, ref_logp
 
 
