@@ -33,12 +33,12 @@ import math
 
 import torch
 
-from ._common import check_number, log_softmax, softmax_stats, target_log_prob, upcast
+from ._common import check_number, log_softmax, target_log_prob, upcast
 from ._triton import RowLaunch
 from .asft import ReferenceHead
-from .prob import launch_rows, weighted_power
+from .prob import weighted_ce_chunk, weighted_ce_rows
 from .registry import SEQUENCES, LossSpec, RowTensors
-from .target_stats import launch_statistics, reference_chunk, target_log_probs
+from .target_stats import target_log_probs
 
 # Their per-token branch's clamp, `1 - 0.8` and `1 + 0.8` (L57).
 TOKEN_LOW, TOKEN_HIGH = 0.2, 1.8
@@ -110,26 +110,16 @@ def prepare(statistics, hparams: dict) -> dict:
     logp, ref_logp = target_log_probs(statistics, "iw_sft", reference)
     w = weights_of(logp, ref_logp, _sequence_ids(hparams.get(SEQUENCES)), hparams["temperature"], hparams["clip"],
                    hparams["sum_over_time"])
-    return {**hparams, "weights": RowTensors({"w": w})}
+    return {**hparams, "weights": RowTensors({"w": w, "iw_sft_weight": w})}
 
 
 def chunk(z, targets, want_grad, temperature, clip, sum_over_time, reference=None, sequences=None, weights=None):
-    if weights is None:
-        raise ValueError("iw_sft's chunks need the weights of its first pass (LossSpec.prepare).")
-    s = softmax_stats(z, targets)
-    values, grad = weighted_power(s, targets, want_grad, 0.0, weights["w"])
-    return s.result(values, grad, iw_sft_weight=weights["w"])
+    return weighted_ce_chunk("iw_sft", z, targets, want_grad, weights, METRICS)
 
 
 def rows(launch: RowLaunch, temperature, clip, sum_over_time, reference=None, sequences=None, weights=None):
-    """The loss pass of a chunk (`weights` from `prepare`); without `weights`, the first pass's log-normalizers of the
-    chunk (how the ahead-of-time compile launches `target_stats._statistics`)."""
-    if weights is None:
-        buffer = launch.scratch if launch.scratch is not None else torch.empty_like(launch.z)
-        launch_statistics(launch, "iw_sft", reference, reference_chunk(reference, buffer, 0, launch.rows))
-        return
-    launch_rows(launch, "iw_sft", 0.0, weights["w"])
-    launch.stats[4].copy_(weights["w"])
+    """The loss pass of a chunk (`weights` from `prepare`); without them, the first pass's (`prob.weighted_ce_rows`)."""
+    weighted_ce_rows("iw_sft", launch, reference, weights, METRICS)
 
 
 LOSS = LossSpec(
@@ -147,6 +137,6 @@ LOSS = LossSpec(
     needs_reference=True,
     reference_field="iw_sft_ref_model",
     prepare=prepare,
-    prepared_rows=("w",),
+    prepared_rows=("w",) + METRICS,
     per_sequence=lambda hp: hp["sum_over_time"],
 )

@@ -35,7 +35,7 @@ from ._common import log_softmax, softmax_stats, target_log_prob
 from ._triton import RowLaunch, row_inputs, softmax_pass, store_stats, tl, triton, weighted_ce_grad
 from .eksft import TIE_QUANTUM
 from .registry import LossSpec, RowTensors
-from .target_stats import launch_statistics, target_log_probs
+from .target_stats import launch_statistics, reference_chunk, target_log_probs
 
 ONLY = ("top", "bottom")
 METRICS = ("prob_kept",)
@@ -176,6 +176,29 @@ def launch_rows(launch: RowLaunch, name: str, q: float, w: torch.Tensor | None =
     None for 1), with the launch configuration `name`."""
     table = w.to(torch.float32).contiguous() if w is not None else launch.stats
     _rows[(launch.rows,)](*launch.args(), float(q), table, HAS_W=w is not None, **launch.meta(name))
+
+
+def weighted_ce_chunk(name: str, z, targets, want_grad, weights, metrics: tuple[str, ...]):
+    """The loss pass of a loss whose first pass computed per-row weights (`iw_sft`, `slm`): `w (−log p_y)` and
+    `w (p − e_y)` with `weights["w"]`, its metrics read from `weights`."""
+    if weights is None:
+        raise ValueError(f"{name}'s chunks need the weights of its first pass (LossSpec.prepare).")
+    s = softmax_stats(z, targets)
+    values, grad = weighted_power(s, targets, want_grad, 0.0, weights["w"])
+    return s.result(values, grad, **{metric: weights[metric] for metric in metrics})
+
+
+def weighted_ce_rows(name: str, launch: RowLaunch, reference, weights, metrics: tuple[str, ...]) -> None:
+    """The row launcher of such a loss: with `weights`, weighted cross-entropy and the metrics copied from them;
+    without, the first pass's log-normalizers of the chunk, the reference's logits in the loss's extra buffer or a new
+    one (how the ahead-of-time compile launches `target_stats._statistics`; a run computes them in `prepare`)."""
+    if weights is None:
+        buffer = launch.scratch if launch.scratch is not None else torch.empty_like(launch.z)
+        launch_statistics(launch, name, reference, reference_chunk(reference, buffer, 0, launch.rows))
+        return
+    launch_rows(launch, name, 0.0, weights["w"])
+    for i, metric in enumerate(metrics):
+        launch.stats[4 + i].copy_(weights[metric])
 
 
 def rows(launch: RowLaunch, q, only, threshold, weights=None):

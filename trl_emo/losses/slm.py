@@ -27,13 +27,13 @@ import math
 
 import torch
 
-from ._common import check_choice, check_number, log_softmax, softmax_stats, target_log_prob
+from ._common import check_choice, check_number, log_softmax, target_log_prob
 from ._triton import RowLaunch
 from .eksft import TIE_QUANTUM
 from .iw_sft import _reference_log_probs, _sequence_ids
-from .prob import launch_rows, share, weighted_power
+from .prob import share, weighted_ce_chunk, weighted_ce_rows
 from .registry import SEQUENCES, LossSpec, RowTensors
-from .target_stats import launch_statistics, reference_chunk, target_log_probs
+from .target_stats import target_log_probs
 
 SCOPES = ("batch", "sequence")
 METRICS = ("slm_selected", "slm_excess_loss")
@@ -111,23 +111,12 @@ def prepare(statistics, hparams: dict) -> dict:
 
 
 def chunk(z, targets, want_grad, keep_ratio, scope, reference=None, sequences=None, weights=None):
-    if weights is None:
-        raise ValueError("slm's chunks need the selection of its first pass (LossSpec.prepare).")
-    s = softmax_stats(z, targets)
-    values, grad = weighted_power(s, targets, want_grad, 0.0, weights["w"])
-    return s.result(values, grad, **{name: weights[name] for name in METRICS})
+    return weighted_ce_chunk("slm", z, targets, want_grad, weights, METRICS)
 
 
 def rows(launch: RowLaunch, keep_ratio, scope, reference=None, sequences=None, weights=None):
-    """The loss pass of a chunk (`weights` from `prepare`); without `weights`, the first pass's log-normalizers of the
-    chunk (how the ahead-of-time compile launches `target_stats._statistics`)."""
-    if weights is None:
-        buffer = launch.scratch if launch.scratch is not None else torch.empty_like(launch.z)
-        launch_statistics(launch, "slm", reference, reference_chunk(reference, buffer, 0, launch.rows))
-        return
-    launch_rows(launch, "slm", 0.0, weights["w"])
-    for i, name in enumerate(METRICS):
-        launch.stats[4 + i].copy_(weights[name])
+    """The loss pass of a chunk (`weights` from `prepare`); without them, the first pass's (`prob.weighted_ce_rows`)."""
+    weighted_ce_rows("slm", launch, reference, weights, METRICS)
 
 
 LOSS = LossSpec(
