@@ -16,9 +16,11 @@ where the base model gives a token less than ~1e-8. Their docstring also writes 
 tokens divided by the number of sequences; their code (and this) takes a token mean. In evaluation their trainer scores
 plain cross-entropy (L451-454); `eval_loss` is the objective here, with `eval_cross_entropy` beside it.
 
-Fused as ASFT: the reference's logits are built chunk by chunk from its final hidden states and head. The PyTorch chunk
-kernel forms `q` in the reference's buffer; the Triton row kernel reads each row of both twice: first the policy's
-log-normalizer and the reference's (the target's boosted mass and the rest are summed apart); then `q_v` itself, the loss `Σ q_v (lse − z_v)` and `p − q` in place.
+Fused as ASFT: the reference's logits are built chunk by chunk from its final hidden states and head. Both kernels form
+`q` without a logarithm over the vocabulary: `q_v = m_v / Z` off the target, `q_y = m_y e^β / Z`, with the target's
+boosted mass and the rest's summed apart and `log Z` taken by a log-sum. The PyTorch chunk kernel forms `q` in the
+reference's buffer; the Triton row kernel reads each row of both twice: first both log-normalizers, then `q_v`, the
+loss `Σ q_v (lse − z_v)` and `p − q` in place.
 """
 
 from __future__ import annotations
@@ -96,12 +98,34 @@ def per_token(logits, targets, beta, smooth_lambda, formula, reference=None):
 
 
 def chunk(z, targets, want_grad, beta, smooth_lambda, formula, reference=None):
+    """`q` without taking logarithms: `q_v = m_v / Z` off the target and `q_y = m_y e^β / Z`, `Z` from the target's
+    mass and the rest's summed apart (`log Z` by a log-sum, so a large β cannot overflow), as the row kernel does: two
+    fewer passes of `exp`/`log` over the chunk than forming `softmax(log(m + ε) + β e_y)`."""
     s = softmax_stats(z, targets)
-    q = target_distribution_(_reference_log_probs(reference, z), targets, beta, smooth_lambda, formula)
-    values = -torch.linalg.vecdot(q, s.logp)
-    target_mass = q[s.rows, targets]
-    grad = s.p.sub_(q) if want_grad else None
-    return s.result(values, grad, gift_target_mass=target_mass)
+    if reference is None:
+        raise ValueError("gift needs the reference model's logits or hidden states.")
+    m = reference.logits() if isinstance(reference, ReferenceHead) else upcast(reference).detach().clone()
+    m = m.to(z.dtype)
+    keep, floor = mixture(smooth_lambda, formula, m.shape[-1])
+    lse_r = torch.logsumexp(m, dim=-1)
+    log_ry = m[s.rows, targets] - lse_r
+    m.sub_(lse_r[:, None]).exp_()  # r
+    if floor != 0.0:
+        m.mul_(keep).add_(floor)  # m = (1 − λ) r + c
+    m_y = m[s.rows, targets]
+    log_my = log_ry if floor == 0.0 else torch.log(m_y)  # exact where r_y underflows and no floor lifts it
+    rest = (m.sum(-1) - m_y).clamp_(min=0.0)
+    log_z = torch.logaddexp(log_my + beta, torch.log(rest))
+    inv_z = torch.exp(-log_z)
+    q_y = torch.exp(log_my + beta - log_z)
+    logp_y = -s.nll
+    values = -(inv_z * torch.linalg.vecdot(m, s.logp) + (q_y - m_y * inv_z) * logp_y)
+    grad = None
+    if want_grad:
+        q = m.mul_(inv_z[:, None])
+        q[s.rows, targets] = q_y
+        grad = s.p.sub_(q)
+    return s.result(values, grad, gift_target_mass=q_y)
 
 
 @triton.jit
