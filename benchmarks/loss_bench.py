@@ -252,8 +252,8 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
     reference = None
     if variant in LOSS_VARIANTS and get_loss(LOSS_VARIANTS[variant][0]).needs_reference:
-        # ASFT's (and EKSFT's, iw-SFT's, GIFT's, SLM's) reference model at the target positions: its hidden states and head (persistent
-        # inputs like the policy's, excluded from the loss's peak and reported on their own).
+        # The reference model (ASFT, EKSFT, iw-SFT, GIFT, SLM) at the target positions: its hidden states and head
+        # (persistent inputs like the policy's, excluded from the loss's peak and reported on their own).
         from trl_emo.losses.asft import ReferenceHead
 
         ref_hidden = (hidden.detach().float() + 0.1 * torch.randn(hidden.shape, generator=gen).to(device)).to(dtype)
@@ -302,6 +302,51 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         loss = step()
         result.update(reference_errors(variant, hidden, weight, targets, cost, loss, reference))
     return result
+
+
+def interleaved(size, args) -> list[dict]:
+    """`--interleave`: every variant in this one process, one forward+backward of each in turn, `--rounds` times after a
+    first round (at least 3), each variant timed by its fastest call. On a machine shared with other work the variants
+    then meet the same interference, call by call, instead of each its own stretch of it; there are no memory figures
+    (one process's peak is every variant's)."""
+    import torch
+
+    from trl_emo.losses.asft import ReferenceHead
+
+    tokens, vocab, hidden_size = size
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=gen).to(args.device, dtype).requires_grad_(True)
+    weight = (torch.randn(vocab, hidden_size, generator=gen) / hidden_size**0.5).to(args.device, dtype).requires_grad_(True)
+    targets = torch.randint(0, vocab, (tokens,), generator=gen).to(args.device)
+    reference = ReferenceHead(
+        (hidden.detach().float() + 0.1 * torch.randn(hidden.shape, generator=gen).to(args.device)).to(dtype),
+        (weight.detach().float() + 0.01 * torch.randn(weight.shape, generator=gen).to(args.device)).to(dtype),
+    )
+    options = {"backend": args.backend, "fp32_weight_grad": args.fp32_weight_grad}
+    if args.chunk_memory_mb is not None:
+        options["chunk_memory"] = int(args.chunk_memory_mb * 2**20)
+    steps, rows = {}, {}
+    for variant in args.variants:
+        cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
+        try:
+            steps[variant] = build_step(variant, hidden, weight, targets, cost, options, reference)
+        except Unavailable as exc:
+            rows[variant] = {"variant": variant, "unavailable": str(exc)}
+    best = {variant: float("inf") for variant in steps}
+    for round_ in range(1 + max(args.rounds, 3)):
+        for variant, step in steps.items():
+            hidden.grad = weight.grad = None
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            if round_:  # the first round compiles and allocates
+                best[variant] = min(best[variant], time.perf_counter() - start)
+        print(f"  round {round_}: {best}", file=sys.stderr, flush=True)
+    return [rows.get(variant) or {"variant": variant, "seconds": best[variant]} for variant in args.variants]
 
 
 def run_isolated(variant, size, args) -> dict:
@@ -372,11 +417,12 @@ def format_table(size, rows) -> str:
             continue
 
         def ratio(ref, key):
-            return f"{r[key] / ref[key]:.2f}" if ref else "—"
+            return f"{r[key] / ref[key]:.2f}" if ref and key in r and key in ref else "—"
 
+        memory = f"{r['peak_extra_bytes'] / 2**30:.2f}" if "peak_extra_bytes" in r else "—"  # none with --interleave
         line = (
             f"| {r['variant']} | {r['seconds'] * unit:.{0 if unit == 1e3 else 2}f} | {ratio(base, 'seconds')} | "
-            f"{ratio(liger, 'seconds')} | {r['peak_extra_bytes'] / 2**30:.2f} | {ratio(base, 'peak_extra_bytes')} |"
+            f"{ratio(liger, 'seconds')} | {memory} | {ratio(base, 'peak_extra_bytes')} |"
         )
         if accuracy:
             line += "".join(f" {r[k]:.1e} |" if k in r else " |" for k in ("loss_rel_error", "grad_hidden_rel_error", "grad_head_rel_error"))
@@ -404,6 +450,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=1, help="run the variants this many times in turn and keep each "
                         "one's fastest round (on a machine shared with other work, which only ever slows a run down)")
     parser.add_argument("--fastest", action="store_true", help="time each variant by its fastest call, not the median")
+    parser.add_argument("--interleave", action="store_true", help="time every variant in one process, one call of each "
+                        "in turn, --rounds times (at least 3): each one's fastest call; no memory figures")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -413,21 +461,26 @@ def main(argv=None):
         options = {"backend": args.backend, "fp32_weight_grad": args.fp32_weight_grad}
         if args.chunk_memory_mb is not None:
             options["chunk_memory"] = int(args.chunk_memory_mb * 2**20)
-        result = worker(variant, *parse_size(size), args.dtype, args.device, args.repeats, args.threads, options, args.accuracy,
-                        args.fastest)
+        result = worker(variant, *parse_size(size), args.dtype, args.device, args.repeats, args.threads, options,
+                        args.accuracy, args.fastest)
         print(json.dumps(result))
         return 0
 
     command = "python benchmarks/loss_bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    if args.interleave:
+        timing = f"every variant in one process, in turn, {max(args.rounds, 3)} rounds after one: its fastest call"
+    else:
+        timing = f"{'fastest' if args.fastest else 'median'} of {args.repeats} forward+backward calls after the first"
+        timing += f"; each variant's fastest of {args.rounds} rounds" if args.rounds > 1 else ""
     print(f"# Loss benchmark, {date.today().isoformat()}\n\nMachine: {machine_description(args.device)}  \n"
-          f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; "
-          f"{'fastest' if args.fastest else 'median'} of {args.repeats} "
-          "forward+backward calls after the first" + (f"; each variant's fastest of {args.rounds} rounds" if args.rounds > 1
-                                                      else "") + ".\n",
-          flush=True)
+          f"Command: `{command}`  \nDtype: {args.dtype}; trl_emo backend: {args.backend}; {timing}.\n", flush=True)
     raw = {}
     for size_text in args.sizes:
         size = parse_size(size_text)
+        if args.interleave:
+            raw[size_text] = rows = interleaved(size, args)
+            print(format_table(size, rows) + "\n", flush=True)
+            continue
         rounds = []
         for _ in range(args.rounds):
             rows = []

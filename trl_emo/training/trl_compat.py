@@ -104,7 +104,9 @@ def head_parameters(model):
     return weight, bias
 
 
-def add_objective_head(model, objective, reference=None, reads_label_rows: bool = False, reads_sequences: bool = False) -> None:
+def add_objective_head(
+    model, objective, reference=None, reads_label_rows: bool = False, reads_sequences: bool = False
+) -> None:
     """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
     `trl_emo_loss=True`.
 
