@@ -282,7 +282,7 @@ def test_iw_sft_is_exact_under_gradient_accumulation_and_packing():
     assert_same([packed], [rows], "packed value", rtol=1e-12)
     one_sequence = loss_fn(hidden.reshape(1, B * T, H), weight, packed_labels.reshape(1, B * T),
                            reference=ReferenceHead(hidden.detach().reshape(1, B * T, H), ref_weight))
-    assert abs(float(one_sequence - rows)) > 1e-6  # without the ids, the packed row is one sequence
+    assert abs(float((one_sequence - rows).detach())) > 1e-6  # without the ids, the packed row is one sequence
 
 
 # -- GIFT --------------------------------------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ def test_gift_formulas_differ_where_the_reference_is_below_1e_8_and_large_beta_i
     paper = ours("gift", {**GIFT_CASES[1], "smooth_lambda": 0.0, "formula": "paper"}, hidden, weight, ref_weight,
                  labels)[1].loss
     with_eps = ours("gift", {**GIFT_CASES[1], "smooth_lambda": 0.0}, hidden, weight, ref_weight, labels)[1].loss
-    assert abs(float(paper - with_eps)) > 1e-9 and abs(float(authors - with_eps)) > 1e-6
+    assert abs(float((paper - with_eps).detach())) > 1e-9 and abs(float((authors - with_eps).detach())) > 1e-6
     ce = ours("nll", {}, hidden, weight, None, labels)[0]
     _, far = ours("gift", {"beta": 80.0, "smooth_lambda": 0.0, "formula": "authors"}, hidden, weight, ref_weight,
                   labels)
@@ -392,7 +392,7 @@ def test_slm_selection_is_per_micro_batch_under_gradient_accumulation():
     assert_same([accumulated], [combined], "value")
     assert_same(grads(accumulated, hidden, weight), grads(combined, hidden, weight), "gradient")
     _, whole = ours("slm", hp, hidden, weight, ref_weight, labels)
-    assert abs(float(whole.loss - accumulated)) > 1e-6  # not the selection over both at once
+    assert abs(float((whole.loss - accumulated).detach())) > 1e-6  # not the selection over both at once
 
 
 # -- the Triton kernels (interpreted on the CPU, compiled on a GPU) ------------------------------------------------------
