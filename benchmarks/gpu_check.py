@@ -48,8 +48,8 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live", "psft", "curio_sft"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft"]
+                 "torch_lce", "emo_live", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
 # PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA: measured there too.
 QLORA_VARIANTS = ["nll", "gem", "emo", "psft", "curio_sft"]
 ROW_KERNELS = ["nll", "gem_logsigmoid", "emo"]

@@ -104,7 +104,9 @@ def head_parameters(model):
     return weight, bias
 
 
-def add_objective_head(model, objective, reference=None, reads_label_rows: bool = False) -> None:
+def add_objective_head(
+    model, objective, reference=None, reads_label_rows: bool = False, reads_sequences: bool = False
+) -> None:
     """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
     `trl_emo_loss=True`.
 
@@ -124,7 +126,9 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
 
     When the objective reads label rows (its `reads_label_rows`, EKSFT's authors' formula), the rows are the target
     positions and the positions whose own label is a token (`trl_emo.losses._common.select_positions`), with their
-    roles as `roles=`. `trl_emo_probe=fn` instead returns `fn(hidden [B, T, H], weight, bias, transform)` after the
+    roles as `roles=`. When it reads sequences (`reads_sequences`, iw-SFT's per-sequence weight), each row's sequence
+    (its batch row, or its example in a packed row by the `position_ids` TRL's padding-free collator passes) goes as
+    `sequences=`. `trl_emo_probe=fn` instead returns `fn(hidden [B, T, H], weight, bias, transform)` after the
     backbone, the head gathered as for the loss (SED's threshold calibration: every rank runs it).
     """
     from ..losses._common import select_positions
@@ -178,6 +182,12 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
         positions = select_positions(labels, shift_labels, label_rows=label_rows, device=weight.device)
         if positions.roles is not None:
             extra["roles"] = positions.roles
+        if probe is None and reads_sequences:
+            if shift_labels is not None:
+                from ..losses._common import PER_SEQUENCE_WITH_SHIFT_LABELS
+
+                raise ValueError(PER_SEQUENCE_WITH_SHIFT_LABELS)
+            extra["sequences"] = positions.sequences(labels, kwargs.get("position_ids"))
         if reference is not None:
             from ..losses.asft import ReferenceHead
 
