@@ -52,8 +52,8 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live", "psft", "curio_sft"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft"]
+                 "torch_lce", "emo_live", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
 # QLoRA: batch, timed steps, warm-up steps per shape (sequences of SEQ tokens); the baseline and the targets first
 # (PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA), then every other registered loss, then
 # gem with Liger's layer kernels (last: Liger patches the model in place).

@@ -53,6 +53,10 @@ VARIANTS = {
     # warm-up with `--warmup 1`).
     "psft": {"loss_type": "psft"},
     "curio_sft": {"loss_type": "curio_sft"},
+    "prob": {"loss_type": "prob"},
+    "iw_sft": {"loss_type": "iw_sft"},
+    "gift": {"loss_type": "gift"},
+    "slm": {"loss_type": "slm"},
     "emo_live": {"loss_type": "emo", "emo_cost_embedding": "lm_head"},
     "gem_logits": {"loss_type": "gem", "loss_implementation": "logits"},
     "emo_logits": {"loss_type": "emo", "loss_implementation": "logits"},
@@ -156,11 +160,12 @@ def worker(args) -> dict:
             model = AutoModelForCausalLM.from_config(_config(args.shape), dtype=dtype)
     return train_variant(model, args.variant, args.shape, args.batch, args.seq, args.steps, args.warmup, args.device,
                          liger=args.liger, qlora=args.qlora, peft_config=peft_config,
-                         clock=getattr(args, "clock", "wall"))
+                         clock=getattr(args, "clock", "wall"), fastest=getattr(args, "fastest", False))
 
 
 def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: int, warmup: int, device: str,
-                  liger: bool = False, qlora: bool = False, peft_config=None, clock: str = "wall") -> dict:
+                  liger: bool = False, qlora: bool = False, peft_config=None, clock: str = "wall",
+                  fastest: bool = False) -> dict:
     """`warmup + steps` optimizer steps of `trl_emo.SFTTrainer` with `variant` on `model` (a PEFT model, or a plain one
     with `peft_config`); the median step time of the last `steps`, the peak memory (allocated and reserved on CUDA, and
     the device memory outside PyTorch's allocator after the run), the first and last logged losses, the memory the
@@ -221,8 +226,9 @@ def train_variant(model, variant: str, shape: str, batch: int, seq: int, steps: 
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
     timed = timer.times[warmup:]
-    result = {"variant": variant, "liger": liger, "qlora": qlora, "step_seconds": statistics.median(timed),
-              "steps_timed": len(timed)}
+    # The fastest step (`--fastest`) on a machine shared with other work, whose interference only ever slows a step down.
+    result = {"variant": variant, "liger": liger, "qlora": qlora,
+              "step_seconds": min(timed) if fastest else statistics.median(timed), "steps_timed": len(timed)}
     if cuda:
         free, total = torch.cuda.mem_get_info()
         result.update(peak_bytes=int(torch.cuda.max_memory_allocated()),
@@ -261,7 +267,8 @@ def _tokenizer_stub(config):
 def run_isolated(variant: str, liger: bool, qlora: bool, args) -> dict:
     cmd = [sys.executable, __file__, "--_worker", variant, "--shape", args.shape, "--batch", str(args.batch),
            "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device,
-           "--cache", args.cache, "--clock", args.clock] + (["--_liger"] if liger else []) + (["--_qlora"] if qlora else [])
+           "--cache", args.cache, "--clock", args.clock] + (["--_liger"] if liger else []) + (
+               ["--_qlora"] if qlora else []) + (["--fastest"] if args.fastest else [])
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         tail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
@@ -300,6 +307,9 @@ def main(argv=None) -> int:
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="step time as wall-clock time, or as the process's CPU time (a shared CPU machine: run "
                         "with OMP_NUM_THREADS=1)")
+    parser.add_argument("--rounds", type=int, default=1, help="run the variants this many times in turn and keep each "
+                        "one's fastest round (on a machine shared with other work, which only ever slows a run down)")
+    parser.add_argument("--fastest", action="store_true", help="time each variant by its fastest step, not the median")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_liger", action="store_true", help=argparse.SUPPRESS)
@@ -319,18 +329,23 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print(f"# Trainer step benchmark, {date.today().isoformat()}\n\nMachine: {device}, torch {torch.__version__}, "
           f"trl_emo {__version__}  \nCommand: `{command}`  \nShape: {args.shape}, batch {args.batch} x {args.seq} tokens; "
-          f"median of {args.steps} steps after {args.warmup} ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} "
-          "time).\n", flush=True)
-    rows = []
-    for qlora in args.qlora:
-        for liger in args.liger:
-            for variant in args.variants:
-                rows.append(run_isolated(variant, liger == "on", qlora == "on", args))
-                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+          f"{'fastest' if args.fastest else 'median'} of {args.steps} steps after {args.warmup}"
+          + (f"; each variant's fastest of {args.rounds} rounds" if args.rounds > 1 else "")
+          + f" ({'process CPU' if args.clock == 'cpu' else 'wall-clock'} time).\n", flush=True)
+    rounds = []
+    for _ in range(args.rounds):
+        rows = []
+        for qlora in args.qlora:
+            for liger in args.liger:
+                for variant in args.variants:
+                    rows.append(run_isolated(variant, liger == "on", qlora == "on", args))
+                    print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+        rounds.append(rows)
+    rows = [min(runs, key=lambda r: r.get("step_seconds", float("inf"))) for runs in zip(*rounds)]
     print(format_table(rows), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": device, "command": command, "date": date.today().isoformat(),
-                                               "results": rows}, indent=2))
+                                               "results": rows, "rounds": rounds}, indent=2))
     return 0
 
 

@@ -105,6 +105,13 @@ class Positions:
     def take(self, x: torch.Tensor) -> torch.Tensor:
         return (x[:, :-1] if self.drop_last else x)[self.mask.to(x.device)]
 
+    def sequences(self, labels: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Which sequence each row belongs to, as a loss that reads it takes it (`registry.SEQUENCES`): `labels` as
+        given to `select_positions` (the unshifted or the pre-shifted ones), `position_ids` for packed rows."""
+        from .registry import RowTensors
+
+        return RowTensors({"id": self.take(sequence_ids(labels, position_ids).to(self.mask.device))})
+
     @property
     def target_rows(self) -> torch.Tensor | None:
         """Which of the rows are target positions (None: all of them)."""
@@ -147,6 +154,26 @@ def select_positions(
     if weights is not None:
         row_weights = (weights if shift_labels is not None else weights[:, 1:])[mask]
     return Positions(mask, targets[mask], None, drop_last=shift_labels is None, weights=row_weights)
+
+
+def sequence_ids(labels: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Which sequence each position of a batch belongs to (int64, shaped like `labels`), for a loss that reads it
+    (`LossSpec.per_sequence`; take its rows with `Positions.take`): the batch row, or, in a packed row whose
+    `position_ids` restart at 0 at each example (TRL's padding-free packing), the example. 1-D labels: one sequence."""
+    if labels.dim() < 2:
+        return torch.zeros(labels.shape, dtype=torch.long, device=labels.device)
+    batch, length = labels.shape[0], labels.shape[1]
+    rows = torch.arange(batch, device=labels.device)[:, None].expand(batch, length)
+    if position_ids is None:
+        return rows.contiguous()
+    starts = (position_ids.to(labels.device).reshape(-1, length) == 0).long().cumsum(-1)
+    return rows * (length + 1) + starts.expand(batch, length)
+
+
+PER_SEQUENCE_WITH_SHIFT_LABELS = (
+    "This loss reads whole sequences (iw_sft's per-sequence weight, slm_scope='sequence'), which pre-shifted labels "
+    "(`shift_labels`, context parallelism) split across processes; train without context parallelism."
+)
 
 
 def causal_lm_loss(

@@ -65,6 +65,9 @@ class RowTensors(TokenAligned):
 
 # The hyper-parameter under which the roles of the rows reach a loss that reads label rows (`LossSpec.label_rows`).
 ROLES = "roles"
+# The hyper-parameter under which each row's sequence reaches a loss that reads it (`LossSpec.per_sequence`): a
+# `RowTensors` with `id` (int64), equal for the rows of one sequence. Without it every row is of one sequence.
+SEQUENCES = "sequences"
 # The hyper-parameter under which per-token loss weights reach a loss that applies them itself
 # (`LossSpec.token_weights == "loss"`): a `RowTensors` with `target` (each row's weight, 0 on rows without a target)
 # and, when the loss reads label rows, `label` (the weight of each row's own label token, 0 on rows without one).
@@ -139,6 +142,9 @@ class LossSpec:
             hyper-parameters saying it (EKSFT with `eksft_formula="authors"`). The rows then handed to the loss are
             the union of both, in order, with their roles in `hparams[ROLES]` (a `RowTensors` with boolean
             `target` and `label`); rows without a target carry target id 0 and must not count as tokens.
+        per_sequence: whether the loss reads which sequence each row belongs to (iw-SFT's per-sequence weight), or a
+            function of the hyper-parameters saying it. The callers then pass `hparams[SEQUENCES]` (a `RowTensors`
+            with `id`: a batch row, or a packed row's segment).
         token_weights: how per-token loss weights (`fused_linear_loss(weights=)`, the data's `loss_weights` and
             per-message `weight`) apply. `"scale"` (the default, right for any loss that is a sum of one term per
             target position): the fused and logits paths multiply each row's term and its gradient by the row's
@@ -166,6 +172,7 @@ class LossSpec:
     prepared_rows: tuple[str, ...] = ()
     label_rows: bool | Callable[[dict], bool] = False
     lagged_reference: Callable[[dict], tuple[int, float]] | None = None
+    per_sequence: bool | Callable[[dict], bool] = False
     token_weights: str = "scale"
 
     def __post_init__(self):
@@ -184,6 +191,10 @@ class LossSpec:
     def reads_label_rows(self, hparams: dict) -> bool:
         """Whether the rows handed to the loss include the label rows (see `label_rows`)."""
         return bool(self.label_rows(hparams) if callable(self.label_rows) else self.label_rows)
+
+    def reads_sequences(self, hparams: dict) -> bool:
+        """Whether the loss reads each row's sequence (see `per_sequence`)."""
+        return bool(self.per_sequence(hparams) if callable(self.per_sequence) else self.per_sequence)
 
 
 _REGISTRY: dict[str, LossSpec] = {}

@@ -11,10 +11,11 @@ loss.backward()
 ```
 
 Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
-reference model's hidden states and head (ASFT, EKSFT; PSFT's old policy, CurioSFT's teacher) and PSFT's old
-log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`), never the whole `[tokens, vocab]`
-logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
-transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
+reference model's hidden states and head (ASFT, EKSFT, iw-SFT, GIFT, SLM; PSFT's old policy, CurioSFT's teacher),
+PSFT's old log-probabilities and each position's sequence (iw-SFT); computes the loss chunk by chunk
+(`fused.fused_linear_loss`), never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU
+when installed): no TRL, transformers, PEFT, accelerate or datasets, so it installs beside any framework
+(`packaging/trl-emo-losses`).
 
 The hyper-parameters are the loss's keywords (`beta`, or its `SFTConfig` field name `gem_beta`), their defaults the
 loss's own (`LossSpec.defaults`, which `trl_emo.SFTConfig` also takes), checked by the same code as `SFTConfig` with the
@@ -40,13 +41,14 @@ from ._common import (
     check_token_weights,
     select_positions,
 )
+from ._common import sequence_ids as sequence_ids_of
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadAdapter, HeadTransform, fused_linear_loss
-from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, RowTensors, get_loss
+from .registry import ROLES, SEQUENCES, TOKEN_WEIGHTS, LossSpec, RowTensors, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights", "old_logp", TOKEN_WEIGHTS)
+_INPUTS = ("reference", "cost_embedding", ROLES, SEQUENCES, "weights", "old_logp", TOKEN_WEIGHTS)
 
 
 @dataclass
@@ -170,8 +172,9 @@ class FusedLinearLoss(torch.nn.Module):
 
     Args:
         loss_type: the loss's registered name: `"nll"`, `"dft"`, `"gem"`, `"emo"`, `"tailr"`, `"mixce"`,
-            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"` or one registered with
-            `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists them).
+            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"`, `"prob"`, `"iw_sft"`,
+            `"gift"`, `"slm"` or one registered with `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists
+            them).
         logit_scale: the factor the model applies to its logits (`z = scale * (h W^T + b)`); `for_model` reads it
             from the model's config.
         softcap: the model's final-logit soft-cap (`z = c tanh(y / c)`, Gemma 2 and 3), None without one.
@@ -194,8 +197,8 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
-    old_log_probs=None, weights=None, lora=None, return_stats=False)` (see `forward`). Every bad argument raises a
-    one-line `ValueError` naming it and the fix.
+    old_log_probs=None, sequence_ids=None, weights=None, lora=None, return_stats=False)` (see `forward`). Every bad
+    argument raises a one-line `ValueError` naming it and the fix.
     """
 
     def __init__(
@@ -276,6 +279,7 @@ class FusedLinearLoss(torch.nn.Module):
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
         old_log_probs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
         lora: tuple | None = None,
         return_stats: bool = False,
@@ -292,15 +296,19 @@ class FusedLinearLoss(torch.nn.Module):
             num_items_in_batch: `N`, the number of target tokens the loss is normalized by (Hugging Face's
                 `num_items_in_batch`: all micro-batches of the optimizer step, for gradient accumulation); default:
                 the target tokens of this call.
-            reference: ASFT and EKSFT: the reference model's final hidden states over the same positions as
-                `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
-                computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
-                `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the teacher's. For
-                these two it is optional: without it the old policy / teacher is the model itself (PSFT: `r = 1`).
+            reference: ASFT, EKSFT, iw-SFT, GIFT and SLM: the reference model's final hidden states over the same
+                positions as `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale,
+                softcap)`, computed without gradient. Not needed when the loss's settings run no reference
+                (`asft_alpha=0`, `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the
+                teacher's. For these two it is optional: without it the old policy / teacher is the model itself
+                (PSFT: `r = 1`).
             old_log_probs: PSFT: the old policy's log-probability of each target, laid out like `hidden` without its
                 last dimension (entry `t` for the token position `t` predicts; other entries are not read), no
                 gradient. The negative of `fused_lm_loss(old_hidden, weight, labels, "nll", return_stats=True).nll`
                 laid out by its `positions` is that (or pass `reference=ReferenceHead(old_hidden, weight)`).
+            sequence_ids: iw-SFT (and SLM with `slm_scope="sequence"`): which sequence each position belongs to,
+                shaped like `labels` (for packed rows, e.g. the example index within the row). Default: each row of
+                2-D labels is a sequence; 1-D labels are one sequence.
             weights: per-token loss weights, a tensor shaped like `labels` (each label's weight, non-negative): the
                 weight multiplies its token's term and gradient (for a loss that selects tokens, EKSFT, it weighs the
                 token in the selection's means: docs/losses.md), 0 leaves the token out like `ignore_index`, and `N`
@@ -355,6 +363,12 @@ class FusedLinearLoss(torch.nn.Module):
             kwargs[ROLES] = positions.roles
         if old_log_probs is not None:
             kwargs["old_logp"] = RowTensors({"old_logp": positions.take(old_log_probs.detach().to(weight.device))})
+        if spec.reads_sequences(hparams):
+            if sequence_ids is not None and tuple(sequence_ids.shape) != tuple(labels.shape):
+                raise ValueError(f"sequence_ids {tuple(sequence_ids.shape)} must have the shape of labels "
+                                 f"{tuple(labels.shape)}.")
+            ids = sequence_ids if sequence_ids is not None else sequence_ids_of(labels)
+            kwargs[SEQUENCES] = RowTensors({"id": positions.take(ids.to(weight.device))})
         rows = positions.take(hidden.to(weight.device))
         adapter = None
         if lora is not None:
@@ -391,6 +405,7 @@ def fused_lm_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
     old_log_probs: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     lora: tuple | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
@@ -432,4 +447,5 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   old_log_probs=old_log_probs, weights=weights, lora=lora, return_stats=return_stats)
+                   old_log_probs=old_log_probs, sequence_ids=sequence_ids, weights=weights, lora=lora,
+                   return_stats=return_stats)

@@ -110,6 +110,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             self._objective.fused if self._objective is not None else None,
             reference=self._reference.hidden_states if self._reference is not None else None,
             reads_label_rows=self._objective is not None and self._objective.reads_label_rows,
+            reads_sequences=self._objective is not None and self._objective.reads_sequences,
         )
         add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
         self._built = True
@@ -335,6 +336,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 num_items_in_batch=num_items_in_batch,
                 shift_labels=inputs.get("shift_labels"),
                 reference_logits=reference_logits,
+                position_ids=inputs.get("position_ids"),
                 weights=weights,
             )
             loss, aux_loss = result.loss, getattr(model_outputs, "aux_loss", None)

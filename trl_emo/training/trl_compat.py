@@ -119,7 +119,9 @@ def head_adapter_parameters(head) -> list:
     return adapter_read_parameters(head)
 
 
-def add_objective_head(model, objective, reference=None, reads_label_rows: bool = False) -> None:
+def add_objective_head(
+    model, objective, reference=None, reads_label_rows: bool = False, reads_sequences: bool = False
+) -> None:
     """Patch `model.forward` (already patched by TRL's `add_fused_lm_head`) to compute `objective` when
     `trl_emo_loss=True`.
 
@@ -139,7 +141,9 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
 
     When the objective reads label rows (its `reads_label_rows`, EKSFT's authors' formula), the rows are the target
     positions and the positions whose own label is a token (`trl_emo.losses._common.select_positions`), with their
-    roles as `roles=`. `trl_emo_weights` (per-token loss weights aligned with the labels, `[B, T]`) reach the objective
+    roles as `roles=`. When it reads sequences (`reads_sequences`, iw-SFT's per-sequence weight), each row's sequence
+    (its batch row, or its example in a packed row by the `position_ids` TRL's padding-free collator passes) goes as
+    `sequences=`. `trl_emo_weights` (per-token loss weights aligned with the labels, `[B, T]`) reach the objective
     as each row's weight (`weights=`), and a LoRA adapter on the head as its low-rank term (`adapter=`, a
     `trl_emo.losses.fused.HeadAdapter` computed from the rows by `trl_emo.training.lora_head`). `trl_emo_probe=fn`
     instead returns `fn(hidden [B, T, H], weight, bias, transform)` after the
@@ -204,6 +208,12 @@ def add_objective_head(model, objective, reference=None, reads_label_rows: bool 
             extra["roles"] = positions.roles
         if positions.weights is not None:
             extra["weights"] = positions.weights
+        if probe is None and reads_sequences:
+            if shift_labels is not None:
+                from ..losses._common import PER_SEQUENCE_WITH_SHIFT_LABELS
+
+                raise ValueError(PER_SEQUENCE_WITH_SHIFT_LABELS)
+            extra["sequences"] = positions.sequences(labels, kwargs.get("position_ids"))
         if reference is not None:
             from ..losses.asft import ReferenceHead
 
