@@ -155,6 +155,11 @@ triton_cases = [(name, hp) for name, hp in ((n, default_hparams(n)) for n, _ in 
 TRITON_CASES = list({name: (name, hp) for name, hp in triton_cases}.values())
 
 
+# The weight-1 check on the Triton path, for a loss the paths scale, one that takes weights itself (EKSFT) and one with a
+# first pass and per-sequence terms (SLM); the PyTorch path checks every loss (above). The interpreter is slow.
+BIT_FOR_BIT_ON_TRITON = ("nll", "eksft", "slm")
+
+
 @pytest.fixture
 def small_blocks(monkeypatch):
     from trl_emo.losses import _triton
@@ -179,6 +184,8 @@ def test_row_kernels_take_weights_and_a_head_adapter(name, hp, small_blocks):
     assert rel(got.loss, want.loss) < 2e-5 and rel(got.token_losses, want.token_losses) < 2e-5
     for what, a, b in zip(("hidden", "weight", "bias", "lora_A", "lora_B"), got_grads, want_grads):
         assert rel(a, b) < 2e-5, what
+    if name not in BIT_FOR_BIT_ON_TRITON:
+        return
     # Weight 1 everywhere: the Triton path's unweighted bits.
     ones = fused(name, hp, hidden, weight, bias, None, labels, torch.ones(B, T), ref_weight, cost, "triton", 16)
     plain = fused(name, hp, hidden, weight, bias, None, labels, None, ref_weight, cost, "triton", 16)

@@ -221,6 +221,16 @@ class StatisticsPass:
             z.add_(self.bias.to(z.dtype))
         return self.transform.apply_(z)
 
+    def target_logits(self, start: int, end: int) -> torch.Tensor:
+        """The float32 transformed target logits `z_y` of rows `start:end`, as the Triton loss pass computes them
+        (`_target_logits`: a float32 dot product, the bias, a LoRA adapter's term)."""
+        cd = self.compute_dtype
+        h = self.hidden[start:end].to(cd)
+        a = up = None
+        if self.adapter is not None:
+            a, up = self.adapter.down[start:end].to(cd), self.adapter.up.to(cd)
+        return _target_logits(h, self.weight.to(cd), self.bias, self.targets[start:end], self.transform, a, up)
+
     def raw_logits(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
         w = self.weight if self.weight.dtype == self.compute_dtype else self.weight.to(self.compute_dtype)
         h = self.hidden[start:end]
