@@ -35,7 +35,7 @@ import aot_compile  # noqa: E402
 # The modules holding built-in row kernels (`target_stats`: the first pass that prob, iw_sft and slm share; iw_sft and
 # slm launch prob's loss kernel), and the losses whose launchers are checked.
 BUILT_IN = {"nll", "gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft", "prob", "gift",
-            "target_stats"}
+            "target_stats", "psft", "curio_sft"}
 LAUNCHING = BUILT_IN - {"target_stats"} | {"iw_sft", "slm"}
 # Which launch configurations the shared first pass is launched with: its losses' `<loss>_statistics`.
 SHARED = {"target_stats": ("prob_statistics", "iw_sft_statistics", "slm_statistics")}
@@ -165,10 +165,10 @@ def test_each_launcher_asks_for_its_own_table_entry(monkeypatch):
     kernel gets a configuration of its own, and every recorded launch must be at its kernel's."""
     distinct = [(1024, 4), (2048, 2), (2048, 8), (4096, 2), (4096, 4), (4096, 8), (4096, 16), (8192, 4), (8192, 8),
                 (16384, 8), (1024, 2), (2048, 4), (16384, 16), (8192, 2), (8192, 16), (16384, 2), (16384, 4), (512, 1),
-                (512, 2), (256, 1)]
+                (512, 2), (256, 1), (1024, 1), (2048, 1), (4096, 1)]
     names = ["nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft",
              "eksft_statistics", "prob", "prob_statistics", "iw_sft", "iw_sft_statistics", "gift", "slm",
-             "slm_statistics", "default"]
+             "slm_statistics", "default", "psft", "curio_sft", "curio_sft_statistics"]
     assert len(set(distinct)) == len(names)
     for name, config in zip(names, distinct):
         monkeypatch.setitem(_triton.LAUNCH_CONFIGS, name, {80: config})
