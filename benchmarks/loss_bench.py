@@ -24,6 +24,11 @@ Variants (`--variants`):
                   iw_sft's tokens one sequence, which costs what many do).
                   Hyper-parameters are SFTConfig's defaults.
   logits_<loss>   trl_emo's logits path: full float32 logits, then the reference per-token function.
+  <loss>_weighted the same fused loss with per-token loss weights (uniform in [0, 2]): their cost.
+  <loss>_frozen_head, <loss>_lora_head
+                  the fused loss with the head frozen (LoRA, QLoRA: no head gradient), and with a LoRA
+                  adapter (r=16, alpha 32) on that frozen head: `a = s·A h` through autograd, `a B^T` added to
+                  each chunk's logits, the gradients of `a` and `B` (`HeadAdapter`): the adapter's cost.
   trl_gem_tempered GEM-linear through TRL's kernel at temperature beta (same gradient, see losses.md),
                   plus a no-grad pass at temperature 1 for the logged cross-entropy and entropy.
 
@@ -110,15 +115,31 @@ class Unavailable(RuntimeError):
     """The variant's package (or torch feature) is not installed here."""
 
 
-def build_step(variant, hidden, weight, targets, cost, options=None, reference=None):
-    """A closure running one forward+backward of `variant`."""
+# Suffixes of a trl_emo variant: per-token weights, a frozen head, a LoRA adapter on the frozen head.
+SUFFIXES = ("_weighted", "_frozen_head", "_lora_head")
+LORA_RANK, LORA_ALPHA = 16, 32
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """`(base variant, suffix)`: `gem_lora_head` -> `("gem", "_lora_head")`; a plain variant has suffix `""`."""
+    for suffix in SUFFIXES:
+        if variant.endswith(suffix) and variant[: -len(suffix)] in LOSS_VARIANTS:
+            return variant[: -len(suffix)], suffix
+    return variant, ""
+
+
+def build_step(variant, hidden, weight, targets, cost, options=None, reference=None, weights=None, adapter=None):
+    """A closure running one forward+backward of `variant` (`weights`: per-token weights; `adapter`: a LoRA
+    adapter's `(A, B)` on the head)."""
     import importlib.util
 
     import torch
 
     from trl_emo.losses import CostEmbedding, fused_linear_loss, get_loss
+    from trl_emo.losses.fused import HeadAdapter
 
     options = options or {}
+    variant = split_variant(variant)[0]
     n = hidden.shape[0]
     if variant in OPTIONAL and importlib.util.find_spec(OPTIONAL[variant]) is None:
         raise Unavailable(f"{OPTIONAL[variant]} is not installed")
@@ -203,7 +224,12 @@ def build_step(variant, hidden, weight, targets, cost, options=None, reference=N
             extra["cost_embedding"] = CostEmbedding(weight.detach()) if variant == "emo_live" else frozen
         if spec.needs_reference:
             extra["reference"] = reference
-        out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra}, **options)
+        head = None
+        if adapter is not None:
+            # PEFT's `lora_A` (and the scale) on the rows through autograd; `B` in the chunks.
+            head = HeadAdapter((hidden @ adapter[0].t()) * (LORA_ALPHA / LORA_RANK), adapter[1])
+        out = fused_linear_loss(hidden, weight, targets, spec, {**hparams, **extra}, weights=weights, adapter=head,
+                                **options)
         out.loss.backward()
         return out.loss
 
@@ -261,9 +287,19 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     weight = (torch.randn(vocab, hidden_size, generator=gen) / hidden_size**0.5).to(device=device, dtype=dtype).requires_grad_(True)
     targets = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
     # EMO's frozen cost table: a snapshot of the head, in the head's dtype (as the trainer keeps it).
-    cost = weight.detach().clone() if variant in ("emo", "logits_emo") else None
+    base, suffix = split_variant(variant)
+    cost = weight.detach().clone() if base in ("emo", "logits_emo") else None
     reference = None
-    if variant in LOSS_VARIANTS and get_loss(LOSS_VARIANTS[variant][0]).needs_reference:
+    weights = adapter = None
+    if suffix == "_weighted":
+        weights = (2 * torch.rand(tokens, generator=gen)).to(device)
+    if suffix in ("_frozen_head", "_lora_head"):
+        weight.requires_grad_(False)
+    if suffix == "_lora_head":
+        lora_a = (torch.randn(LORA_RANK, hidden_size, generator=gen) / hidden_size**0.5).to(device, dtype)
+        lora_b = (0.01 * torch.randn(vocab, LORA_RANK, generator=gen)).to(device, dtype)
+        adapter = (lora_a.requires_grad_(True), lora_b.requires_grad_(True))
+    if base in LOSS_VARIANTS and get_loss(LOSS_VARIANTS[base][0]).needs_reference:
         # The reference model (ASFT, EKSFT, iw-SFT, GIFT, SLM; PSFT's old policy, CurioSFT's teacher, whose
         # `needs_reference` is a function) at the target positions: its hidden states and head (persistent inputs like
         # the policy's, excluded from the loss's peak and reported on their own).
@@ -273,7 +309,7 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
         ref_weight = (weight.detach().float() + 0.01 * torch.randn(weight.shape, generator=gen).to(device)).to(dtype)
         reference = ReferenceHead(ref_hidden, ref_weight)
     try:
-        step = build_step(variant, hidden, weight, targets, cost, options, reference)
+        step = build_step(variant, hidden, weight, targets, cost, options, reference, weights, adapter)
     except Unavailable as exc:
         return {"variant": variant, "unavailable": str(exc)}
 
@@ -310,7 +346,7 @@ def worker(variant, tokens, vocab, hidden_size, dtype_name, device, repeats, thr
     }
     if reference is not None:
         result["reference_model_bytes"] = sum(t.numel() * t.element_size() for t in (reference.hidden, reference.weight))
-    if accuracy:
+    if accuracy and not suffix:
         hidden.grad = weight.grad = None
         loss = step()
         result.update(reference_errors(variant, hidden, weight, targets, cost, loss, reference))
@@ -451,7 +487,8 @@ def parse_size(text):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["4096x32000x512", "16384x32000x256"], help="TOKENSxVOCABxHIDDEN")
-    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=VARIANTS,
+                        help=f"{', '.join(VARIANTS)}, or a trl_emo variant with a suffix: {', '.join(SUFFIXES)}")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first (memory) call")
@@ -471,6 +508,14 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS and not split_variant(v)[1]]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}, or a trl_emo loss with "
+                     f"{', '.join(SUFFIXES)}")
+    suffixed = [v for v in args.variants if split_variant(v)[1]]
+    if args.interleave and suffixed:
+        # Weights, a frozen head and an adapter are each variant's own inputs, which one shared process does not build.
+        parser.error(f"{suffixed[0]!r} runs in its own process: drop --interleave for the {', '.join(SUFFIXES)} variants")
 
     if args._worker:
         global _clock

@@ -98,7 +98,6 @@ def _triton_log_probs(statistics, name: str, reference: ReferenceHead | None):
     out = torch.empty(2, n, device=device, dtype=torch.float32)
     logp = torch.empty(n, device=device, dtype=torch.float32)
     ref_logp = torch.empty_like(logp) if reference is not None else None
-    weight = statistics.weight if statistics.weight.dtype == cd else statistics.weight.to(cd)
     ref_transform = HeadTransform(reference.logit_scale, reference.softcap) if reference is not None else None
     for start, end in statistics.chunks():
         z = statistics.raw_logits(start, end, buffer)
@@ -110,8 +109,7 @@ def _triton_log_probs(statistics, name: str, reference: ReferenceHead | None):
             logit_scale=statistics.transform.logit_scale, softcap=statistics.transform.softcap, write_grad=False,
         )
         launch_statistics(launch, name, reference, r)
-        h = statistics.hidden[start:end].to(cd)
-        logp[start:end] = _target_logits(h, weight, statistics.bias, targets, statistics.transform) - out[0, start:end]
+        logp[start:end] = statistics.target_logits(start, end) - out[0, start:end]
         if reference is not None:
             ref = reference.rows(start, end)
             z_ry = _target_logits(ref.hidden.to(cd), ref.weight_as(cd), ref.bias, targets, ref_transform)
