@@ -124,6 +124,18 @@ def test_what_the_fused_path_cannot_compute_is_a_one_line_error(make_model, toke
     assert "\n" not in str(info.value) and "loss_implementation='logits'" in str(info.value)
 
 
+@pytest.mark.parametrize("loss_type", ["nll", "gem"])
+def test_another_adapter_kind_on_the_head_is_a_one_line_error_with_trls_loss_too(make_model, tokenizer, loss_type):
+    # TRL refuses any adapter on lm_head; lifting that for LoRA must not let IA3 (or LoHa, VeRA...) through with TRL's
+    # own nll, whose fused head would read lm_head.weight alone and leave the adapter untrained.
+    from peft import IA3Config
+
+    config = IA3Config(target_modules=["q_proj", "lm_head"], feedforward_modules=[], task_type="CAUSAL_LM")
+    with pytest.raises(ValueError, match="IA3Layer|adapter on lm_head is not computed") as info:
+        build(make_model(), tokenizer, conversation_rows(8), loss_type, config)
+    assert "\n" not in str(info.value) and "leave it out of target_modules" in str(info.value)
+
+
 def test_qlora_with_an_adapter_on_the_head(tmp_path, make_model, tokenizer):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 

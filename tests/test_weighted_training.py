@@ -210,3 +210,56 @@ def test_weighted_evaluation_with_trls_nll(make_model, tokenizer):
                        train_dataset=dataset(conversations(8, with_weights=False)), processing_class=tokenizer)
     with pytest.raises(ValueError, match="has per-token loss weights but the trainer was built on data without them"):
         plain.evaluate(dataset(conversations(4)))
+
+
+def test_a_template_that_rewrites_earlier_turns_refuses_message_weights_in_one_line():
+    # Qwen3's rule: only the last assistant turn keeps an empty reasoning block, so a conversation's beginning renders
+    # differently once more turns follow and every later boundary falls where the renderings part: a weight of 0 could
+    # not mask its turn (the reviewer's case: the bad answer trained at the next turn's weight). Refused instead.
+    from trl_emo.data.schemas import DataError
+    from trl_emo.data.token_weights import lay_message_weights
+
+    def render(messages, rewrite=True):
+        assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        out = []
+        for i, m in enumerate(messages):
+            out += ["<U>" if m["role"] == "user" else "<A>"]
+            if m["role"] == "assistant" and (not rewrite or i == assistants[-1]):
+                out += ["<think>", "</think>"]
+            out += m["content"].split() + ["</E>"]
+        return out
+
+    vocab: dict[str, int] = {}
+
+    def tokenizer_of(rewrite):
+        return lambda messages: [vocab.setdefault(t, len(vocab)) for t in render(messages, rewrite)]
+
+    messages = [{"role": "user", "content": "6 x 7 ?"}, {"role": "assistant", "content": "48", "weight": 0},
+                {"role": "user", "content": "sure ?"}, {"role": "assistant", "content": "42", "weight": 2}]
+    tokenize = tokenizer_of(rewrite=True)
+    with pytest.raises(DataError, match=r"messages\[1\]: the chat template renders this turn differently") as error:
+        lay_message_weights(messages, tokenize(messages), tokenize)
+    assert "\n" not in str(error.value) and "loss_weights" in str(error.value)
+    # Unweighted conversations under the same template are not affected; a template rendering turns alike weighs.
+    plain = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+    assert lay_message_weights(plain, tokenize(plain), tokenize) == [1.0] * len(tokenize(plain))
+    alike = tokenizer_of(rewrite=False)
+    tokens = render(messages, rewrite=False)
+    weights = lay_message_weights(messages, alike(messages), alike)
+    assert [w for t, w in zip(tokens, weights) if t in ("48", "42")] == [0, 2]
+
+
+def test_weights_in_sharegpt_conversations_are_a_one_line_error_not_dropped():
+    # TRL turns ShareGPT's `conversations` into `messages` while it tokenizes, after the weights would be laid: a
+    # zero-weight turn there would train. Found in the features and in a streamed dataset's first row alike.
+    from datasets import Dataset
+
+    from trl_emo.data.schemas import DataError
+    from trl_emo.data.token_weights import carries_weights
+
+    rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "bad", "weight": 0}]}]
+    for data in (Dataset.from_list(rows), Dataset.from_list(rows).to_iterable_dataset()):
+        with pytest.raises(DataError, match=r"^conversations: per-message weights are read from a `messages` column"):
+            carries_weights(data)
+    plain = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]}]
+    assert carries_weights(Dataset.from_list(plain)) is False

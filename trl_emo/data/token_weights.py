@@ -12,8 +12,10 @@ A message's tokens are the ones its rendering adds to the conversation before it
 template's rendering of the messages before it stops matching the whole conversation's (the longest common prefix,
 as TRL finds where a completion starts) to where the rendering up to it stops matching. Templates that render a
 conversation's beginning alike in every longer conversation (most) give each message exactly its own tokens,
-header and end-of-turn included; a template that rewrites earlier turns (one that drops the reasoning of every
-assistant turn but the last) puts the boundary where the renderings part, and a warning says so once.
+header and end-of-turn included. A template that rewrites earlier turns once more turns follow (Qwen3's drops the
+reasoning block of every assistant turn but the last) parts from the conversation inside the rewritten turn, and every
+later boundary falls at the same token: the turns cannot be told apart there, so a weighted conversation under such a
+template is a one-line error (tokenized rows with `loss_weights` are the way to weigh it).
 
 Weights only ever meet labels: a token whose label is `-100` (a prompt, a masked turn) has no loss to weigh. A weight
 of 0 also sets the token's label to `-100`, so that a zero-weight message is masked exactly (and a row left without
@@ -24,17 +26,22 @@ docs/losses.md.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 from .schemas import DataError
 
-logger = logging.getLogger(__name__)
-
 WEIGHTS_COLUMN = "loss_weights"  # per-token weights of tokenized rows, and of the prepared dataset
 MESSAGE_FIELD = "weight"  # per-message weight of conversational rows
 CONVERSATION_COLUMNS = ("messages", "prompt", "completion")
+# ShareGPT's turns (`from`/`value`), which TRL converts to `messages` while it tokenizes: after the weights are laid,
+# so a `weight` there would be dropped silently. Refused in one line instead.
+SHAREGPT_COLUMN = "conversations"
+_SHAREGPT_WEIGHTS = (
+    "conversations: per-message weights are read from a `messages` column (role/content turns), not from ShareGPT's "
+    "`conversations`: rename the column to messages and each turn's from/value to role/content, or give tokenized "
+    "rows with loss_weights."
+)
 IGNORE_INDEX = -100
 
 
@@ -68,6 +75,10 @@ def carries_weights(dataset) -> bool:
     if features:
         if WEIGHTS_COLUMN in features:
             return True
+        if SHAREGPT_COLUMN in features:
+            found = _feature_has_weight(features[SHAREGPT_COLUMN])
+            if found or (found is None and _rows_have_weight(dataset, SHAREGPT_COLUMN)):
+                raise DataError(_SHAREGPT_WEIGHTS)
         for column in CONVERSATION_COLUMNS:
             if column in features:
                 found = _feature_has_weight(features[column])
@@ -80,6 +91,9 @@ def carries_weights(dataset) -> bool:
         return False
     if WEIGHTS_COLUMN in first:
         return True
+    turns = first.get(SHAREGPT_COLUMN)
+    if isinstance(turns, list) and any(isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in turns):
+        raise DataError(_SHAREGPT_WEIGHTS)
     return any(
         isinstance(first.get(column), list)
         and any(isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in first[column])
@@ -124,16 +138,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-_warned_template = False
-
-
 def lay_message_weights(
     messages: Sequence[Mapping], input_ids: Sequence[int], tokenize: Callable[[list], list[int]], field: str = "messages"
 ) -> list[float]:
     """One weight per token of `input_ids` (the whole conversation as tokenized for training) from the messages'
     weights; `tokenize(messages)` renders and tokenizes a conversation as training does (the chat template, tools and
     template arguments of the row). Messages are rendered once per message, only when some weight is not 1."""
-    global _warned_template
     weights = message_weights(messages, field)
     if all(w == 1.0 for w in weights):
         return [1.0] * len(input_ids)
@@ -143,13 +153,15 @@ def lay_message_weights(
         if i + 1 < len(messages):
             prefix = tokenize(list(messages[: i + 1]))
             end = _common_prefix(prefix, input_ids)
-            if end < len(prefix) - 1 and not _warned_template:
-                # One trailing token (an end-of-conversation token) may differ; more means the template rewrites.
-                _warned_template = True
-                logger.warning(
-                    "The chat template renders the beginning of a conversation differently when more turns follow "
-                    "(%d of the first %d tokens agree): per-message weights put each boundary where the renderings "
-                    "part, which may give a message's last tokens the next message's weight.", end, len(prefix),
+            if end < len(prefix) - 1:
+                # One trailing token (an end-of-conversation token) may differ; more means the template rewrites
+                # this turn once more turns follow, and from there on every later boundary falls at the same token:
+                # the turns' tokens cannot be told apart, so a weight of 0 could not mask its turn. Refused.
+                raise DataError(
+                    f"{field}[{i}]: the chat template renders this turn differently once more turns follow ({end} of "
+                    f"its first {len(prefix)} tokens agree; Qwen3's template drops every earlier turn's reasoning "
+                    f"block), so per-message {MESSAGE_FIELD}s cannot be laid on its tokens: give tokenized rows with "
+                    f"{WEIGHTS_COLUMN}, or a chat template that renders earlier turns alike."
                 )
         else:
             end = len(input_ids)

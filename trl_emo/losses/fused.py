@@ -119,7 +119,9 @@ def _adapter_logits_(z: torch.Tensor, adapter: HeadAdapter | None, start: int, e
     if adapter is not None:
         a = adapter.down[start:end]
         if float32:
-            addmm_float32_(z, a, adapter.up.t())
+            # One dtype for both operands (PEFT keeps the adapter in float32 while autocast makes `a` bf16; a GEMM
+            # with a float32 output takes one input dtype), as the loss pass casts them to the compute dtype.
+            addmm_float32_(z, a, adapter.up.to(a.dtype).t())
         else:
             z.addmm_(a.to(z.dtype), adapter.up.to(z.dtype).t())
     return z

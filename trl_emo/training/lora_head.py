@@ -27,6 +27,8 @@ import torch
 from ..losses.fused import HeadAdapter
 
 _WAY_OUT = "or train it with loss_implementation='logits' (PEFT's own forward builds the full logits)"
+# TRL's own nll/dft: `loss_implementation` is not theirs, and TRL's fused head reads `lm_head.weight` alone.
+_TRL_WAY_OUT = "or use a trl_emo loss with loss_implementation='logits' (TRL's own nll/dft read lm_head.weight alone)"
 
 
 def _lora_layer(head):
@@ -44,10 +46,12 @@ def _active(layer) -> list[str]:
     return [name for name in layer.active_adapters if name in layer.lora_A]
 
 
-def check(model, lagged_role: str | None = None) -> None:
+def check(model, lagged_role: str | None = None, trl_loss: bool = False) -> None:
     """Refuse, in one line, an adapter on `model`'s output layer that the fused path cannot compute (see the module
     docstring). Call it on the base model (`get_base_model()` under PEFT). `lagged_role`: the loss reads a lagged copy
-    of the model (PSFT's "old policy", CurioSFT's "teacher"), whose head would need its own lagged adapter's term."""
+    of the model (PSFT's "old policy", CurioSFT's "teacher"), whose head would need its own lagged adapter's term.
+    `trl_loss`: the loss is TRL's own `nll`/`dft`, whose other way out (`loss_implementation`) does not apply."""
+    way_out = _TRL_WAY_OUT if trl_loss else _WAY_OUT
     head = model.get_output_embeddings()
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -59,18 +63,18 @@ def check(model, lagged_role: str | None = None) -> None:
     if layer is None:
         raise ValueError(
             f"A {type(head).__name__} adapter on lm_head is not computed by the fused loss (LoRA is): target lm_head "
-            f"with LoRA, leave it out of target_modules, {_WAY_OUT}."
+            f"with LoRA, leave it out of target_modules, {way_out}."
         )
     base = layer.get_base_layer()
     if type(base) is not torch.nn.Linear:
         raise ValueError(
             f"lm_head's base layer is a {type(base).__name__}, not a plain linear layer: the fused loss reads its weight "
-            f"directly, so a quantized head with an adapter is not supported; keep lm_head unquantized, {_WAY_OUT}."
+            f"directly, so a quantized head with an adapter is not supported; keep lm_head unquantized, {way_out}."
         )
     if lagged_role is not None and _active(layer):
         raise ValueError(
             f"A LoRA adapter on lm_head with a lagged {lagged_role}: the fused loss reads the {lagged_role}'s head without "
-            f"its adapter; leave lm_head out of target_modules, {_WAY_OUT}."
+            f"its adapter; leave lm_head out of target_modules, {way_out}."
         )
     for name in _active(layer):
         if name in getattr(layer, "lora_variant", {}):
@@ -78,7 +82,7 @@ def check(model, lagged_role: str | None = None) -> None:
             what = "DoRA" if "Dora" in variant else variant
             raise ValueError(
                 f"{what} on lm_head (adapter {name!r}) is not supported by the fused loss: its column norms need the whole "
-                f"adapted head at every step; set use_dora=False, leave lm_head out of target_modules, {_WAY_OUT}."
+                f"adapted head at every step; set use_dora=False, leave lm_head out of target_modules, {way_out}."
             )
 
 

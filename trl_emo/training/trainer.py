@@ -88,9 +88,13 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 # TRL's fused head would leave the adapter out (TRL refuses it): trl_emo's own `nll`/`dft` take it.
                 self._check_own_loss_options(args, self.compute_loss_func, "a LoRA adapter on lm_head")
                 self._objective = self._make_objective(args)
-            elif self._weighted_data:
-                self._check_own_loss_options(args, self.compute_loss_func, "per-token loss weights")
-                self._trl_weights = True
+            else:
+                # TRL refuses every adapter on lm_head; the refusal is lifted above for LoRA, which trl_emo's nll/dft
+                # compute. Any other kind (IA3, LoHa, VeRA...) would be left out of TRL's fused head silently.
+                lora_head.check(self._base_model(), trl_loss=True)
+                if self._weighted_data:
+                    self._check_own_loss_options(args, self.compute_loss_func, "per-token loss weights")
+                    self._trl_weights = True
         if self._objective is not None:
             if args.loss_implementation == "fused":
                 from .lagged_policy import role_name
