@@ -75,6 +75,9 @@ SWITCHES: dict[str, dict[str, tuple]] = {
     # SED's threshold is calibrated by the trainer (its default is None); k sets the width of the top-k block.
     "sed": {"threshold": (0.9,), "top_k": (2, 32)},
     "eksft": {"formula": ("paper", "authors")},
+    # A threshold adds the first pass (`target_stats._statistics`, its policy half) and the weighted loss pass.
+    "prob": {"only": (None, "top"), "threshold": (0.5,)},
+    "gift": {"formula": ("authors", "paper")},
 }
 # The shared switches every row kernel has (`RowLaunch.meta`), and all their settings.
 FLAGS = ("bias", "softcap", "write_grad")

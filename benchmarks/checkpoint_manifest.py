@@ -1,12 +1,12 @@
-"""What a checkpoint's manifest (every file's size and CRC-32, `trl_emo.training.checkpoint_manifest`) costs on a
-1B-parameter checkpoint: at save time, and when a resume verifies it.
+"""What a checkpoint's manifest (every file's size and XXH3 checksums, `trl_emo.training.checkpoint_manifest`) costs
+on a 1B-parameter checkpoint: at save time, and when a resume verifies it.
 
     python benchmarks/checkpoint_manifest.py --params 1e9 --dir /path/on/the/disk/of/your/checkpoints
 
 The weights are written as a transformers checkpoint writes them (safetensors, `--shards` files), then:
 
 - save, before: the write, then an fsync of every file (what a staged save did before the manifest);
-- save, now: the write, then `write_manifest` (each file read back once for its CRC-32 in the same pass that fsyncs
+- save, now: the write, then `write_manifest` (each file read back once for its checksums in the same pass that fsyncs
   it, one thread per file, then the manifest fsynced);
 - the ratio of the two is the manifest's cost at save time (each measured on a fresh folder, `--repeats` times,
   alternating, the median kept);

@@ -14,7 +14,11 @@ would not finish is stopped and reported as such, never losing what came before)
   loss      benchmarks/loss_bench.py at 16,384 x 128,256 x 4,096 bf16 with accuracy: TRL's nll, Liger,
             Cut Cross-Entropy, torch's linear_cross_entropy and trl_emo's losses, each in its own process
   step      benchmarks/step_bench.py: the Llama-3.2-1B shape, full bf16 training
-  qlora     benchmarks/step_bench.py: the Llama-3-8B shape under QLoRA
+  qlora     every loss under QLoRA (4-bit nf4, double quantization, LoRA r=16 on every linear layer, bf16
+            compute, gradient checkpointing), the Llama-3.2-1B and Llama-3-8B shapes, one process and one
+            quantized model per shape: step time against TRL's nll and peak memory; `use_liger_kernel: true`
+            with gem (TRL keeps Liger's layer kernels, not its loss), its first loss against gem's without
+            Liger; and a table of the consumer cards (8, 12, 16, 24 GiB) each configuration fits
   tests     python -m pytest -m gpu
 
 The report (`gpu_check_<date>.md` and `.json`) is rewritten after every variant, with the machine,
@@ -48,16 +52,28 @@ BENCH = ROOT / "benchmarks"
 LOSS_SIZE = "16384x128256x4096"
 # The baseline and the target first, so that a short budget still yields the ratios that matter.
 LOSS_VARIANTS = ["trl_nll", "liger_nll", "gem", "emo", "sed", "eksft", "gem_ls", "nll", "eksft_authors", "cce_nll",
-                 "torch_lce", "emo_live", "psft", "curio_sft"]
-STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft"]
-# PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA: measured there too.
-QLORA_VARIANTS = ["nll", "gem", "emo", "psft", "curio_sft"]
+                 "torch_lce", "emo_live", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
+STEP_VARIANTS = ["nll", "gem", "sed", "eksft", "emo", "gem_ls", "psft", "curio_sft", "prob", "iw_sft", "gift", "slm"]
+# QLoRA: batch, timed steps, warm-up steps per shape (sequences of SEQ tokens); the baseline and the targets first
+# (PSFT's old policy and CurioSFT's teacher are an adapter's copy under QLoRA), then every other registered loss, then
+# gem with Liger's layer kernels (last: Liger patches the model in place).
+QLORA_SHAPES = {"llama-3.2-1b": (4, 3, 1), "llama-3-8b": (2, 2, 1)}
+QLORA_SHARE = {"llama-3.2-1b": 0.35}  # of the stage's time left; the last shape takes the rest
+QLORA_FIRST = ("nll", "gem", "emo", "psft", "curio_sft")
+LIGER_VARIANT = "gem_liger"
+# A configuration fits a card when its peak reserved memory plus the device memory outside PyTorch's allocator (the
+# CUDA context, library handles) stays within 95 % of the card's memory (the rest for the driver and a display).
+CARDS_GIB = (8, 12, 16, 24)
+CARD_USABLE = 0.95
+# Liger's layer kernels (RMSNorm, SwiGLU, RoPE) compute in bf16 in another order: the first loss, before any update,
+# agrees with gem's to this relative difference or the report says it does not.
+LIGER_TOLERANCE = 1e-2
 ROW_KERNELS = ["nll", "gem_logsigmoid", "emo"]
 ROW_CANDIDATES = [(2048, 4), (4096, 8), (8192, 16), (16384, 16)]
 ROW_SHAPE = (1280, 128_256)  # one default chunk of a 128k vocabulary in bf16
 KERNEL_SHAPE = (512, 256, 32_000)  # tokens, hidden, vocabulary of the per-loss kernel check
 # step_bench shape, batch, timed steps, warm-up steps (sequences of SEQ tokens).
-STEP_SHAPES = {"step": ("llama-3.2-1b", 4, 6, 2), "qlora": ("llama-3-8b", 2, 5, 2)}
+STEP_SHAPES = {"step": ("llama-3.2-1b", 4, 6, 2)}
 SEQ = 2048
 DEVICE = "cuda"  # the workers' device (a CPU smoke run of the workers sets "cpu")
 # Memory bandwidth (GB/s) of GPUs by name, for the row pass's share of it.
@@ -83,7 +99,7 @@ STAGES = [
     Stage("rowconf", 45, "row kernels alone at each launch configuration"),
     Stage("loss", 200, f"loss benchmark {LOSS_SIZE} bf16, each variant in its own process"),
     Stage("step", 240, "trainer step, Llama-3.2-1B shape, full bf16"),
-    Stage("qlora", 150, "trainer step, Llama-3-8B shape, QLoRA"),
+    Stage("qlora", 420, "trainer step under QLoRA, every loss, Llama-3.2-1B (4 x 2,048) and Llama-3-8B (2 x 2,048)"),
     Stage("tests", 150, "python -m pytest -m gpu"),
 ]
 
@@ -136,6 +152,19 @@ def last_json(text: str) -> dict | None:
             except json.JSONDecodeError:
                 return None
     return None
+
+
+def all_json(text: str) -> list[dict]:
+    """Every JSON object printed on a line of its own (a worker that reports as it goes)."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
 
 
 def last_line(text: str) -> str:
@@ -330,14 +359,103 @@ def stage_loss(report: Report, stage: Stage, budget: Budget) -> None:
     _run_variants(report, stage, budget, _only(LOSS_VARIANTS), command, columns)
 
 
-def stage_step(report: Report, stage: Stage, budget: Budget, qlora: bool = False) -> None:
+def stage_step(report: Report, stage: Stage, budget: Budget) -> None:
     columns = ["step_seconds", "peak_bytes", "last_loss"]
-    variants = _only(QLORA_VARIANTS if qlora else STEP_VARIANTS)
+    variants = _only(STEP_VARIANTS)
 
     def command(variant):
-        return _self("--_step", variant, *(["--_qlora"] if qlora else []))
+        return _self("--_step", variant)
 
     _run_variants(report, stage, budget, variants, command, columns)
+
+
+def qlora_variants(only: list[str] | None = None) -> list[str]:
+    """TRL's nll, gem and emo, every other registered loss, then gem with Liger's layer kernels (`--variants` keeps
+    some)."""
+    from trl_emo.losses import list_losses
+
+    names = [*QLORA_FIRST, *(n for n in list_losses() if n not in QLORA_FIRST), LIGER_VARIANT]
+    return [n for n in names if only is None or n in only]
+
+
+def _gib(value) -> float | None:
+    return None if value is None else value / 2**30
+
+
+def qlora_summary(rows: list[dict]) -> list[dict]:
+    """Per shape: each step against TRL's nll's, the memory a card needs, and Liger's first loss against gem's."""
+    for row in rows:
+        if row.get("peak_bytes") is not None:
+            row["peak_gib"] = _gib(row["peak_bytes"])
+        if row.get("peak_reserved_bytes") is not None:
+            row["needed_gib"] = _gib(row["peak_reserved_bytes"] + row.get("outside_allocator_bytes", 0))
+        if row.get("state_bytes") is not None:  # a reference's, an old policy's or a teacher's weights
+            row["state_mib"] = row["state_bytes"] / 2**20
+    for shape in {row.get("shape") for row in rows}:
+        same = {row["variant"]: row for row in rows if row.get("shape") == shape and "step_seconds" in row}
+        base = same.get("nll")
+        for row in same.values():
+            if base:
+                row["vs_nll"] = row["step_seconds"] / base["step_seconds"]
+        liger, gem = same.get(LIGER_VARIANT), same.get("gem")
+        if liger and gem and liger.get("first_loss") is not None and gem.get("first_loss") is not None:
+            difference = abs(liger["first_loss"] - gem["first_loss"]) / max(abs(gem["first_loss"]), 1e-12)
+            liger["loss_vs_gem"] = difference
+            verdict = (f"first loss equals gem's without Liger within {LIGER_TOLERANCE:g}" if difference <= LIGER_TOLERANCE
+                       else f"first loss DIFFERS from gem's without Liger by {difference:.3g} (> {LIGER_TOLERANCE:g})")
+            liger["note"] = "; ".join(filter(None, [liger.get("note"), verdict, liger.get("liger_layers")]))
+    return rows
+
+
+def qlora_fit(rows: list[dict]) -> dict:
+    """The `qlora_fit` report entry: which card each measured configuration fits."""
+    columns = ["needed_gib", *(f"{c} GiB" for c in CARDS_GIB)]
+    fit_rows = []
+    for row in rows:
+        if row.get("needed_gib") is None:
+            continue
+        needed = row["needed_gib"]
+        fit_rows.append({"variant": f"{row['shape']} {row['variant']}", "needed_gib": needed,
+                         **{f"{c} GiB": "yes" if needed <= CARD_USABLE * c else "no" for c in CARDS_GIB}})
+    return {"what": f"the consumer cards each QLoRA configuration fits: peak reserved memory plus the memory outside "
+                    f"PyTorch's allocator, against {CARD_USABLE:.0%} of each card",
+            "status": "done" if fit_rows else "nothing measured", "rows": fit_rows, "columns": columns, "seconds": 0.0}
+
+
+def stage_qlora(report: Report, stage: Stage, budget: Budget) -> None:
+    """One worker process per shape, each training every variant on one quantized model and printing a row per
+    variant as it goes (what came back before a time cap is kept)."""
+    columns = ["shape", "step_seconds", "vs_nll", "peak_gib", "needed_gib", "state_mib", "first_loss", "last_loss",
+               "loss_vs_gem"]
+    entry = report.stage(stage, columns=columns)
+    start = time.monotonic()
+    shapes = list(QLORA_SHAPES)
+    stopped = False
+    for i, shape in enumerate(shapes):
+        left = min(stage.cap - (time.monotonic() - start), budget.left())
+        share = left * QLORA_SHARE.get(shape, 1.0) if i < len(shapes) - 1 else left
+        if share < MIN_START_S:
+            entry["rows"].append({"variant": "all", "shape": shape, "note": "not run: out of time"})
+            stopped = True
+            continue
+        # The worker stops starting variants with a margin before the cap, so that it ends on its own.
+        cmd = _self("--_qlora", "--_shape", shape, "--_seconds", f"{max(share - 10, 1):.0f}",
+                    *(["--variants", *ONLY] if ONLY else []))
+        outcome = run_limited(cmd, share, env=_env())
+        results = all_json(outcome.stdout)
+        for result in results:
+            row = _variant_row(result.get("variant", "?"), Outcome(0, "", "", 0, False), result)
+            entry["rows"].append({"shape": shape, **row})
+        if outcome.timed_out or not results or outcome.returncode:
+            row = _variant_row("worker", outcome, None if outcome.timed_out or not results else {})
+            entry["rows"].append({"shape": shape, **row})
+            stopped = stopped or outcome.timed_out
+        qlora_summary(entry["rows"])
+        entry["seconds"] = time.monotonic() - start
+        report.save()
+    entry["status"] = "out of time" if stopped else "done"
+    report.data["stages"]["qlora_fit"] = qlora_fit(entry["rows"])
+    report.save()
 
 
 def stage_tests(report: Report, stage: Stage, budget: Budget) -> None:
@@ -362,7 +480,7 @@ RUNNERS = {
     "rowconf": stage_rowconf,
     "loss": stage_loss,
     "step": stage_step,
-    "qlora": lambda report, stage, budget: stage_step(report, stage, budget, qlora=True),
+    "qlora": stage_qlora,
     "tests": stage_tests,
 }
 
@@ -501,12 +619,76 @@ def worker_loss(variant: str) -> dict:
     return result
 
 
-def worker_step(variant: str, qlora: bool) -> dict:
-    """step_bench.py's worker for one variant (1B full, or 8B QLoRA), plus the kernels that fell back."""
+def worker_qlora(shape: str, seconds: float, only: list[str] | None = None) -> None:
+    """Every QLoRA variant on one model of `shape` (`step_bench.quantized_model`, PEFT's LoRA r=16 on every linear
+    layer), the adapter restored before each; one JSON line per variant as soon as it is done. A variant is not
+    started when less than 1.3 times the longest one so far is left of `seconds`."""
+    import gc
+    import importlib.util
+
+    start = time.monotonic()
+
+    def emit(row):
+        print(json.dumps({"shape": shape, **row}, default=str), flush=True)
+
     step_bench = _load("step_bench")
-    shape, batch, steps, warmup = STEP_SHAPES["qlora" if qlora else "step"]
+    variants = qlora_variants(only)
+    batch, steps, warmup = QLORA_SHAPES[shape]
+    try:
+        import torch
+        from peft import get_peft_model
+
+        base = step_bench.quantized_model(shape, DEVICE)
+        quantized = sum(type(m).__module__.startswith("bitsandbytes") for m in base.modules())
+        model = get_peft_model(base, step_bench.lora_config())
+    except Exception as exc:  # the report says why no variant ran
+        for variant in variants:
+            emit({"variant": variant, "error": f"building the model: {type(exc).__name__}: {str(exc)[:300]}"})
+        return
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    longest = 0.0
+    for variant in variants:
+        if seconds - (time.monotonic() - start) < max(1.3 * longest, MIN_START_S):
+            emit({"variant": variant, "note": "not run: out of time"})
+            continue
+        liger = variant == LIGER_VARIANT
+        if liger and importlib.util.find_spec("liger_kernel") is None:
+            emit({"variant": variant, "unavailable": "liger_kernel is not installed"})
+            continue
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in initial:
+                    param.copy_(initial[name])
+        began = time.monotonic()
+        try:
+            row = step_bench.train_variant(model, "gem" if liger else variant, shape, batch, SEQ, steps, warmup, DEVICE,
+                                           liger=liger, qlora=True)
+            row.update(variant=variant, quantized_layers=quantized)
+            if liger:
+                row["liger_layers"] = _liger_layers(model)
+        except Exception as exc:
+            row = {"variant": variant, "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"}
+        row["fallbacks"] = _fallbacks()
+        emit(row)
+        longest = max(longest, time.monotonic() - began)
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _liger_layers(model) -> str:
+    """Which of the model's layers Liger replaced (its norms' and MLPs' forward come from `liger_kernel`)."""
+    patched = sorted({type(m).__name__ for m in model.modules()
+                      if "liger" in (getattr(getattr(m, "forward", None), "__module__", "") or "")})
+    return "Liger layers: " + (", ".join(patched) if patched else "none found")
+
+
+def worker_step(variant: str) -> dict:
+    """step_bench.py's worker for one variant (the 1B shape, full bf16), plus the kernels that fell back."""
+    step_bench = _load("step_bench")
+    shape, batch, steps, warmup = STEP_SHAPES["step"]
     argv = ["--_worker", variant, "--shape", shape, "--batch", str(batch), "--seq", str(SEQ), "--steps", str(steps),
-            "--warmup", str(warmup), "--device", DEVICE] + (["--_qlora"] if qlora else [])
+            "--warmup", str(warmup), "--device", DEVICE]
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         step_bench.main(argv)
@@ -534,6 +716,8 @@ def parse_args(argv=None):
     parser.add_argument("--_loss", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_step", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_qlora", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_shape", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_seconds", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = [s for s in args.stages if s not in RUNNERS]
     if unknown:
@@ -547,12 +731,15 @@ def main(argv=None) -> int:
     global ONLY
     args = parse_args(argv)
     ONLY = args.variants
+    if args._qlora and args._shape:
+        worker_qlora(args._shape, args._seconds or 300.0, ONLY)
+        return 0
     worker = next(((k, v) for k, v in (("kernels", args._kernels), ("rowconf", args._rowconf), ("loss", args._loss),
                                        ("step", args._step)) if v), None)
     if worker:
         kind, value = worker
         result = {"kernels": worker_kernels, "rowconf": lambda: worker_rowconf(value), "loss": lambda: worker_loss(value),
-                  "step": lambda: worker_step(value, args._qlora)}[kind]()
+                  "step": lambda: worker_step(value)}[kind]()
         print(json.dumps(result, default=str))
         return 0
     if args.list:

@@ -15,6 +15,10 @@ compares trl_emo's logits and fused paths with them in float64.
 - CurioSFT: `HaoooWang/CurioSFT` at 5a77394 (verl) — `custom_verl/recipe/curio_sft/ppo/core_algos.py` (`CC:`,
   `custom_loss`), `custom_verl/recipe/curio_sft/dp_actor.py` (`DA:`, `_forward_micro_batch`, `compute_tau_from_logits`),
   `custom_verl/verl/utils/torch_functional.py` (`TF:`, `entropy_from_logits`, `masked_mean`), `scripts/1_sft.sh`.
+- Beyond Log Likelihood (`prob`): `GaotangLi/Beyond-Log-Likelihood` at 220589d — `main_verl/trainer/fsdp_sft_trainer.py`
+  (`BL:`). iw-SFT: `emmyqin/iw_sft` at 9a3e4e4 — `bounding_trainers.py` (`IW:`; no licence, re-derived). GIFT:
+  `zzy1127/GIFT` at ba91084 — `verl/verl/trainer/fsdp_gift_trainer.py` (`G:`). SLM: the Rho-1 paper's formula (no code
+  released). `tests/test_prob_iw_gift_slm.py` compares them with trl_emo.
 """
 
 from __future__ import annotations
@@ -509,3 +513,144 @@ def curio_authors_forward(
     pg_losses = mse_loss + kd_loss  # CC:774
     pg_loss = _masked_mean(pg_losses, eos_mask)  # CC:777
     return (pg_loss, tau[response_mask]) if return_tau else pg_loss
+# ----------------------------------------------------------------------------------------------------------------
+# Beyond Log Likelihood: `GaotangLi/Beyond-Log-Likelihood` at 220589d, `main_verl/trainer/fsdp_sft_trainer.py`,
+# `_compute_loss_and_backward` (cited `BL:`), the branch without sequence parallelism (BL:351-412; the Ulysses branch,
+# BL:413-466, computes plain cross-entropy whatever `objective_trans` says).
+# ----------------------------------------------------------------------------------------------------------------
+def beyond_ll_authors_forward(
+    shift_logits: torch.Tensor,  # [N, V] logits of the positions (already shifted and flattened, BL:359-363)
+    shift_labels: torch.Tensor,  # [N] the next token of each position (their `input_ids[:, 1:]`, never -100)
+    loss_mask: torch.Tensor,  # [N] float, 1 on the trained positions (their `loss_mask[:, :-1]`, BL:345)
+    objective_trans: str,  # "original", "p", "logp", "GeneralFamily-q", "OnlyTopP-t", ... (BL:368-412)
+    dp_size: int = 1,
+):
+    loss_fct = torch.nn.CrossEntropyLoss(reduction="none")  # BL:346
+    if objective_trans == "original":
+        loss = loss_fct(shift_logits, shift_labels) * loss_mask  # BL:368-370
+    else:
+        # BL:373 takes `shift_logits.float()`: an upcast from their bf16 logits, skipped here for float64.
+        log_p_true = F.log_softmax(shift_logits, dim=-1).gather(1, shift_labels.unsqueeze(-1)).squeeze(-1)
+        prob = log_p_true.exp()  # BL:374, "prob_coefficients" (with gradient)
+        family, _, number = objective_trans.partition("-")
+        if objective_trans == "p":
+            loss = (1 - prob) * loss_mask  # BL:376-378
+        elif objective_trans == "logp":
+            loss = -log_p_true * loss_mask  # BL:379-381
+        elif "GeneralFamily" in family:
+            q = float(number)  # BL:383
+            loss = -(torch.exp(q * log_p_true) - 1) / q * loss_mask  # BL:384-385
+        else:
+            threshold = float(number)
+            # The comparison multiplies the mask itself, so the count below is of the kept tokens (BL:389, 395, ...).
+            keep = prob >= threshold if "Top" in family else prob <= threshold
+            loss_mask = loss_mask * keep
+            if family in ("OnlyTopP", "OnlyBottomP"):
+                loss = (1 - prob) * loss_mask  # BL:386-398
+            elif family in ("OnlyTopLogP", "OnlyBottomLogP"):
+                loss = loss_fct(shift_logits, shift_labels) * loss_mask  # BL:399-410
+            else:
+                raise ValueError(f"Unknown objective transformation: {objective_trans}")  # BL:411-412
+    valid = loss_mask.sum()  # BL:468 (balance_dp_token off, their default: no all-reduce, dp_size 1, BL:470-474)
+    return loss.sum() / (valid + 1e-8) * dp_size  # BL:476
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# iw-SFT: `emmyqin/iw_sft` at 9a3e4e4, `bounding_trainers.py` (cited `IW:`): `IwSFTLoss.__call__` (IW:29-72) and the
+# reference's log-probabilities in `BoundingTrainer.compute_loss` (IW:190-205). The repository has no licence: what
+# follows re-derives the computation step by step (same operations, same shapes, so the same broadcasting), it is not
+# their text.
+# ----------------------------------------------------------------------------------------------------------------
+def iw_sft_reference_log_probs(ref_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`[B, T-1, 1]`: the reference's log-probability of each next label (IW:196-205: drop the last position, a
+    max-subtracted softmax then its log, gathered at the labels clamped to >= 0)."""
+    shifted = ref_logits[:, :-1, :].detach()
+    normalized = shifted - shifted.max(dim=-1, keepdim=True).values
+    probs = normalized.exp()
+    log_probs = (probs / probs.sum(dim=-1, keepdim=True)).log()
+    index = labels[..., 1:].clamp(min=0).unsqueeze(-1)
+    return log_probs.gather(dim=-1, index=index)
+
+
+def iw_sft_authors_forward(
+    logits: torch.Tensor,  # [B, T, V] the policy's logits of the batch (their `outputs["logits"]`)
+    labels: torch.Tensor,  # [B, T] unshifted labels, -100 ignored
+    ref_log_probs: torch.Tensor,  # [B, T-1, 1] (`iw_sft_reference_log_probs`)
+    num_items_in_batch: Optional[float] = None,
+    sum_over_time: bool = True,  # what compute_loss passes (IW:211)
+    temp: float = 1.0,  # what compute_loss passes (IW:211); the loss's own default is 2.0 (IW:30)
+):
+    logits = logits[..., :-1, :]  # IW:32-34
+    labels = labels[..., 1:].unsqueeze(-1)  # IW:34, 37-38
+    negative_log_probs = -F.log_softmax(logits, dim=-1)  # IW:35
+    ignored = labels.eq(IGNORE_INDEX)  # IW:40
+    nll = negative_log_probs.gather(dim=-1, index=labels.clamp(min=0))  # IW:43-44, [B, T-1, 1]
+    with torch.no_grad():  # IW:47
+        if sum_over_time:
+            # IW:49-51: both masked in place (the no-grad fill of `nll` changes its values, not its graph).
+            ref_log_probs.masked_fill_(ignored, 0.0)
+            nll.masked_fill_(ignored, 0.0)
+            diff = -ref_log_probs - nll
+            diff = diff.sum(axis=1) / (1.0 - 1.0 * ignored).sum(axis=1)  # IW:52, [B, 1]
+            iw = torch.clamp(torch.exp(temp * diff), 0.0, 16.0)  # IW:53-54
+        else:
+            iw = torch.clamp(torch.exp(-ref_log_probs - nll.detach()), 1 - 0.8, 1 + 0.8)  # IW:56-57
+    nll *= iw  # IW:61-62: [B, T-1, 1] times [B, 1] (or [B, T-1, 1]); in place, as theirs
+    nll.masked_fill_(ignored, 0.0)  # IW:64
+    if num_items_in_batch:  # IW:68-71
+        return nll.sum() / num_items_in_batch
+    return nll.mean()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GIFT: `zzy1127/GIFT` at ba91084, `verl/verl/trainer/fsdp_gift_trainer.py`, `_compute_loss_and_backward` (cited
+# `G:`), its training branch without sequence parallelism (G:412-450) and its reduction (G:512-522).
+# ----------------------------------------------------------------------------------------------------------------
+def gift_authors_forward(
+    student_logits: torch.Tensor,  # [N, V] the policy's logits of the positions (G:420, shifted and flattened)
+    ref_logits: torch.Tensor,  # [N, V] the base model's (G:427-428)
+    labels: torch.Tensor,  # [N] the next token of each position (G:418, 421)
+    loss_mask: torch.Tensor,  # [N] float (G:397)
+    beta: float = 20.0,  # G:111, their script's trainer.beta
+    smooth_lambda: float = 0.0,  # G:112, their script's trainer.smooth_lambda
+    eps: float = 1e-10,  # G:434; 0 for the algorithm as written (log p_ref)
+    dp_size: int = 1,
+):
+    vocab_size = student_logits.shape[-1]
+    with torch.no_grad():  # G:425
+        ref_probs = F.softmax(ref_logits, dim=-1)  # G:432
+        mixed_ref_probs = (1 - smooth_lambda) * ref_probs + smooth_lambda * (1.0 / vocab_size)  # G:433
+        log_p_ref = torch.log(mixed_ref_probs + eps)  # G:434
+        target_logits = log_p_ref.clone()  # G:438
+        gain = torch.tensor(beta, dtype=target_logits.dtype).expand(labels.size(0), 1)  # G:439-440
+        target_logits.scatter_add_(1, labels.unsqueeze(1), gain)  # G:441
+        target_probs = F.softmax(target_logits, dim=-1)  # G:444
+    student_log_probs = F.log_softmax(student_logits, dim=-1)  # G:448
+    loss_per_token = -torch.sum(target_probs * student_log_probs, dim=-1)  # G:449
+    loss_final = loss_per_token * loss_mask  # G:450
+    valid_token_count = torch.sum(loss_mask)  # G:513 (balance_dp_token off: dp_size 1, G:514-518)
+    return torch.sum(loss_final) / (valid_token_count + 1e-8) * dp_size  # G:520-522
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SLM (Rho-1, arXiv 2404.07965): no training code was released; the paper's selective loss written out. The number of
+# tokens kept, `k`, is given (trl_emo takes ceil(ratio * N)).
+# ----------------------------------------------------------------------------------------------------------------
+def slm_paper_forward(
+    logits: torch.Tensor,  # [N, V] the model's logits of the target positions
+    ref_logits: torch.Tensor,  # [N, V] the reference model's
+    labels: torch.Tensor,  # [N]
+    k: int,
+    groups: Optional[list] = None,  # per-sequence ranking: a list of (row indices, k) per sequence
+):
+    ce = F.cross_entropy(logits, labels, reduction="none")  # the model's token losses
+    with torch.no_grad():
+        excess = ce.detach() - F.cross_entropy(ref_logits, labels, reduction="none")  # the excess loss, a ranking
+    if groups is None:
+        groups = [(torch.arange(len(labels)), k)]
+    chosen = []
+    for rows, k_rows in groups:
+        # The top k by excess loss; among equal ones the earlier positions (an order torch.topk may return).
+        chosen.append(rows[_topk_indices(excess[rows], k_rows, largest=True)])
+    chosen = torch.cat(chosen)
+    return ce[chosen].sum() / len(chosen)  # the mean over the selected tokens

@@ -33,6 +33,12 @@ VARIANTS = {
     "psft": [{"clip_high": 0.2}, {"clip_low": 0.0, "clip_high": 0.0}],
     # A top-k smaller than the test vocabularies (the default 512 is all of them); the paper's alpha at a fixed τ.
     "curio_sft": [{"topk": 8}, {"alpha": 0.5, "tau_min": 1.3, "tau_max": 1.3}],
+    # "p" (q = 1), "OnlyTopP-0.02" and "OnlyBottomLogP-0.02" (the first pass and a weighted loss pass).
+    "prob": [{"q": 1.0}, {"q": 1.0, "only": "top", "threshold": 0.02}, {"q": 0.0, "only": "bottom", "threshold": 0.02}],
+    # The loss class's default temperature, and the per-token branch.
+    "iw_sft": [{"temperature": 2.0}, {"sum_over_time": False}],
+    "gift": [{"beta": 2.0, "smooth_lambda": 0.1}, {"beta": 3.0, "formula": "paper"}],
+    "slm": [{"keep_ratio": 0.3, "scope": "sequence"}],
 }
 
 # SED's threshold defaults to "calibrate on the starting model" (the trainer does it); the kernels get a number.

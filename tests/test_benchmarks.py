@@ -37,3 +37,12 @@ def test_step_bench_worker_times_trainer_steps():
     assert result["steps_timed"] == 2 and result["step_seconds"] > 0 and result["last_loss"] is not None
     table = step_bench.format_table([result, {**result, "variant": "nll", "step_seconds": result["step_seconds"] / 2}])
     assert "| gem | False | False |" in table and "2.00" in table
+
+
+def test_loss_bench_interleaves_the_variants_in_one_process(capsys):
+    """`--interleave` (a machine shared with other work): every variant in turn in one process, its fastest call."""
+    assert loss_bench.main(["--sizes", "64x500x16", "--variants", "trl_nll", "prob", "iw_sft", "--interleave",
+                            "--rounds", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "in one process, in turn, 3 rounds after one" in table
+    assert "| prob | " in table and "| iw_sft | " in table and "| — | — |" in table  # no memory figures

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,34 @@ def test_without_flock_the_lock_file_alone_decides(tmp_path, monkeypatch, holder
     else:
         with pytest.raises(output_lock.OutputDirLocked, match="another host" if holder == "other host" else "in use"):
             output_lock.take(str(out))
+
+
+def test_the_manifest_checksums_blocks_with_xxh3_and_still_reads_its_crc32_format(tmp_path):
+    # Two blocks and a tail: a file longer than BLOCK is checksummed per block, so a change in the second block is seen.
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    size = manifest.BLOCK + 1000
+    (folder / "weights.bin").write_bytes(os.urandom(size))
+    (folder / "small.json").write_text("{}")
+    written = manifest.write_manifest(str(folder), "run", 1)
+    data = json.loads((folder / manifest.MANIFEST).read_text())
+    assert data["checksum"] == "xxh3_64" and data["format"] == 2
+    assert len(written.files["weights.bin"]["blocks"]) == 2 and manifest.manifest_problems(str(folder)) == []
+    with open(folder / "weights.bin", "r+b") as handle:  # one byte of the second block, its size kept
+        handle.seek(manifest.BLOCK + 10)
+        byte = handle.read(1)
+        handle.seek(manifest.BLOCK + 10)
+        handle.write(bytes([byte[0] ^ 1]))
+    assert manifest.manifest_problems(str(folder)) == ["weights.bin differs from its checksum in the manifest"]
+    # A manifest of the first format (CRC-32 blocks under "crc32", written by the release before) is still verified.
+    files = {rel: {"size": (folder / rel).stat().st_size,
+                   "crc32": [f"{zlib.crc32((folder / rel).read_bytes()[o:o + manifest.BLOCK]):08x}"
+                             for o in range(0, (folder / rel).stat().st_size, manifest.BLOCK)]}
+             for rel in ("weights.bin", "small.json")}
+    old = {"format": 1, "writer": "trl_emo", "run": "run", "step": 1, "saved_at": 0.0, "checksum": "crc32",
+           "block_bytes": manifest.BLOCK, "files": files,
+           "files_crc32": f"{zlib.crc32(json.dumps(files, sort_keys=True).encode()):08x}"}
+    (folder / manifest.MANIFEST).write_text(json.dumps(old))
+    assert manifest.read_manifest(str(folder)).checksum == "crc32" and manifest.manifest_problems(str(folder)) == []
+    (folder / "small.json").write_text("[]")
+    assert manifest.manifest_problems(str(folder)) == ["small.json differs from its checksum in the manifest"]

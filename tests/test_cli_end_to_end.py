@@ -41,7 +41,8 @@ def final_state(output_dir) -> dict:
     return json.loads((checkpoints[-1] / "trainer_state.json").read_text())
 
 
-@pytest.mark.parametrize("loss_type", ["nll", "dft", "gem", "emo", "tailr", "mixce", "ce_entropy", "sed", "eksft"])
+@pytest.mark.parametrize("loss_type", ["nll", "dft", "gem", "emo", "tailr", "mixce", "ce_entropy", "sed", "eksft", "prob",
+                                       "iw_sft", "gift", "slm"])
 def test_sft_with_each_loss_from_a_recipe(tmp_path, tiny, loss_type):
     from transformers import AutoModelForCausalLM
 

@@ -74,9 +74,12 @@ def _launch(launcher_args, model_dir, out, loss_type, max_steps=3, extra=None):
 
 
 # Micro-batches of uneven token counts, 2 accumulated per step, logs every 2 steps, and an evaluation whose last batch
-# is partial (7 rows): the cases where a mean of per-batch means drifts from the Trainer's `loss` and `eval_loss`.
+# is partial (7 rows): the cases where a mean of per-batch means drifts from the Trainer's `loss` and `eval_loss`. The
+# answers weigh 0.5 to 3.5 (per-token loss weights, a message's `weight`): the step's normalizer is then the sum of the
+# weights of every micro-batch and process, and the metrics are weighted means.
 UNEVEN_ACCUMULATED = {
     "uneven": True,
+    "weights": True,
     "eval_rows": 7,
     "config": {"gradient_accumulation_steps": 2, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 2,
                "per_device_eval_batch_size": 2},
@@ -86,8 +89,8 @@ STEP_METRICS = ("loss", "objective", "cross_entropy", "entropy", "mean_token_acc
 
 def test_two_process_ddp_matches_one_process(single_process):
     """Same global batch: same losses and weights; and the metrics of each logging window, token means over every
-    micro-batch and process of each step, are those of one process, with `objective` equal to the Trainer's `loss`
-    (and `eval_objective` to `eval_loss`)."""
+    micro-batch and process of each step (weighted by the per-token weights), are those of one process, with
+    `objective` equal to the Trainer's `loss` (and `eval_objective` to `eval_loss`)."""
     model_dir, root, single = single_process
     ddp = _launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                    "--dynamo_backend", "no", "--main_process_port", str(free_port())], model_dir, root / "ddp.json", "emo",

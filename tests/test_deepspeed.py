@@ -70,9 +70,10 @@ RUNS = {
     # The authors' formula (the label rows after each target) goes through the same machinery.
     "eksft_authors_lora": {"loss_type": "eksft", "eksft_formula": "authors", "eksft_ratio": 0.3,
                            "lora": ["q_proj", "v_proj"], "per_process_scope": True, "learning_rate": 3e-2},
-    "lora_on_head": {"loss_type": "gem", "lora": ["q_proj", "lm_head"]},  # must fail on every rank, not hang
+    # A LoRA adapter on the head: its up-projection is read outside its module's forward, gathered with the head.
+    "gem_lora_head": {"loss_type": "gem", "lora": ["q_proj", "lm_head"]},
 }
-TRAINED = [name for name in RUNS if name != "lora_on_head"]
+TRAINED = list(RUNS)
 
 ZERO3_TEST_CONFIG = {
     "train_batch_size": "auto",
@@ -227,13 +228,6 @@ def test_with_a_frozen_head_the_live_emo_cost_equals_the_snapshot(zero):
     assert torch.allclose(torch.tensor(live["losses"]), torch.tensor(snapshot["losses"]), rtol=1e-6)
     for step in range(2):
         assert max_relative_difference(live["gradients"][step], snapshot["gradients"][step]) < 1e-6
-
-
-@pytest.mark.parametrize("stage", [2, 3])
-def test_lora_on_the_head_is_a_clear_error_on_every_rank(stage, zero, one_process):
-    # The launch finished (no rank waited forever on a collective) and the error names the problem.
-    message = zero(stage)["lora_on_head"]["error"]
-    assert "lm_head" in message and message == one_process["lora_on_head"]["error"]
 
 
 def test_shipped_zero3_config_trains_through_the_sft_command(tmp_path, deepspeed_cpu):

@@ -157,3 +157,82 @@ def test_the_one_process_stages_become_one_row_per_loss_and_configuration(tmp_pa
         ("nll", ""), ("emo", "fell back to PyTorch: emo: PTXASError: x")]
     assert [(r["variant"], r["block"], r["table"]) for r in stages["rowconf"]["rows"]] == [("nll", 2048, True), ("nll", 16384, False)]
     assert "- `emo`: PTXASError: x" in report.md_path.read_text()
+
+
+# -- the qlora stage: every loss under QLoRA, Liger's layers, the consumer cards --------------------------------------
+
+
+def test_the_qlora_stage_covers_every_registered_loss_and_liger():
+    from trl_emo.losses import list_losses
+
+    variants = gpu_check.qlora_variants()
+    assert variants[:3] == ["nll", "gem", "emo"] and variants[-1] == "gem_liger"
+    assert set(variants) == set(list_losses()) | {"gem_liger"} and len(variants) == len(set(variants))
+    assert set(gpu_check.QLORA_SHAPES) == {"llama-3.2-1b", "llama-3-8b"}
+
+
+def test_the_qlora_worker_trains_each_variant_on_one_quantized_model_on_the_cpu(monkeypatch, capsys):
+    """The stage's worker for real, on the CPU (bitsandbytes' CPU backend) and a tiny shape: the model quantized in
+    place, LoRA on every linear layer, TRL's nll then a trl_emo loss on the same model, one JSON row per variant as it
+    goes, a missing Liger reported as such."""
+    monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "SEQ", 16)
+    monkeypatch.setattr(gpu_check, "QLORA_SHAPES", {"tiny": (1, 1, 0)})
+    gpu_check.worker_qlora("tiny", 300, ["nll", "gem", "gem_liger"])
+    rows = gpu_check.all_json(capsys.readouterr().out)
+    assert [r["variant"] for r in rows] == ["nll", "gem", "gem_liger"]
+    for row in rows[:2]:
+        assert "error" not in row, row
+        assert row["qlora"] and row["quantized_layers"] == 14  # 2 layers x 7 linear layers, the head left out
+        assert row["step_seconds"] > 0 and row["first_loss"] == row["first_loss"] and row["fallbacks"] == {}
+    liger = rows[2]
+    assert "unavailable" in liger or liger.get("liger_layers", "").startswith("Liger layers:")
+    summary = gpu_check.qlora_summary(rows)
+    assert summary[1]["vs_nll"] == pytest.approx(rows[1]["step_seconds"] / rows[0]["step_seconds"])
+
+
+def _lines(rows, sleep=0.0):
+    code = "import json, sys, time\n" + "".join(f"print(json.dumps({r!r}), flush=True)\n" for r in rows)
+    return [sys.executable, "-c", code + f"time.sleep({sleep})\n"]
+
+
+def test_the_qlora_stage_reports_ratios_the_liger_check_and_the_cards_each_configuration_fits(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "_env", lambda: None)
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 0.5)
+    gib = 2**30
+
+    def row(variant, step, reserved, first, **extra):
+        return {"variant": variant, "step_seconds": step, "peak_bytes": reserved - gib // 2, "peak_reserved_bytes": reserved,
+                "outside_allocator_bytes": gib // 2, "first_loss": first, "last_loss": first - 0.1, **extra}
+
+    small = [row("nll", 1.0, 3 * gib, 12.0), row("gem", 1.25, 3 * gib, 12.5),
+             row("gem_liger", 1.0, int(2.5 * gib), 12.5 * 1.001, liger_layers="Liger layers: LlamaRMSNorm")]
+    large = [row("nll", 4.0, 9 * gib + gib // 10, 12.0),
+             {"variant": "gem", "error": "OutOfMemoryError: CUDA out of memory"},
+             {"variant": "emo", "note": "not run: out of time"}]
+    calls = []
+
+    def command(*args):
+        shape = args[args.index("--_shape") + 1]
+        calls.append((shape, float(args[args.index("--_seconds") + 1])))
+        return _lines(small) if shape == "llama-3.2-1b" else _lines(large, sleep=30)  # the second one is stopped
+
+    monkeypatch.setattr(gpu_check, "_self", command)
+    report = _report(tmp_path)
+    gpu_check.stage_qlora(report, gpu_check.Stage("qlora", 5, "QLoRA"), gpu_check.Budget(60))
+    assert [shape for shape, _ in calls] == ["llama-3.2-1b", "llama-3-8b"]
+    data = json.loads(report.json_path.read_text())
+    rows = {(r["shape"], r["variant"]): r for r in data["stages"]["qlora"]["rows"]}
+    assert rows[("llama-3.2-1b", "gem")]["vs_nll"] == pytest.approx(1.25)
+    liger = rows[("llama-3.2-1b", "gem_liger")]
+    assert liger["loss_vs_gem"] == pytest.approx(1e-3)
+    assert "first loss equals gem's without Liger within 0.01" in liger["note"] and "LlamaRMSNorm" in liger["note"]
+    assert rows[("llama-3-8b", "gem")]["note"] == "failed: OutOfMemoryError: CUDA out of memory"
+    assert rows[("llama-3-8b", "worker")]["note"].startswith("stopped after")
+    assert data["stages"]["qlora"]["status"] == "out of time"
+    fit = {r["variant"]: r for r in data["stages"]["qlora_fit"]["rows"]}
+    assert fit["llama-3.2-1b nll"]["needed_gib"] == pytest.approx(3.5)
+    assert [fit["llama-3.2-1b nll"][f"{c} GiB"] for c in (8, 12, 16, 24)] == ["yes"] * 4
+    assert [fit["llama-3-8b nll"][f"{c} GiB"] for c in (8, 12, 16, 24)] == ["no", "yes", "yes", "yes"]
+    text = report.md_path.read_text()
+    assert "## qlora_fit:" in text and "| llama-3-8b nll | 9.6 | no | yes | yes | yes |" in text

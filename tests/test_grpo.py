@@ -466,9 +466,13 @@ KEPT_MEMORY = """
 import resource, sys, torch
 from trl_emo.commands.cpu_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+def step():
+    x = torch.empty(64 * 2**20 // 4); x.fill_(1.0); del x  # a step's large buffer, freed and allocated again
+for _ in range(16):  # the warm-up: some glibc builds reuse an aligned block only after several (cpu_memory's docstring)
+    step()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(8):
-    x = torch.empty(64 * 2**20 // 4); x.fill_(1.0); del x  # a step's large buffer, freed and allocated again
+    step()
 print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 """
 
@@ -485,7 +489,7 @@ def test_keeping_freed_memory_stops_a_step_from_faulting_its_buffers_in_again():
         pytest.skip("the C library is not glibc")
     pages = 64 * 2**20 // 4096
     assert runs["system"][1] >= 7 * pages  # every allocation faulted in afresh
-    assert runs["keep"][1] <= 2 * pages  # the first one only
+    assert runs["keep"][1] <= pages  # none once the heap holds the buffer (one at most, for a late warm-up)
 
 
 def test_step_bench_splits_a_step_into_phases(tiny):

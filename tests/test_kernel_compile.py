@@ -32,7 +32,13 @@ from trl_emo.losses import _triton  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the compile check is a CI tool beside the benchmarks, not in the package
 import aot_compile  # noqa: E402
 
-BUILT_IN = {"nll", "gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft"}
+# The modules holding built-in row kernels (`target_stats`: the first pass that prob, iw_sft and slm share; iw_sft and
+# slm launch prob's loss kernel), and the losses whose launchers are checked.
+BUILT_IN = {"nll", "gem", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft", "prob", "gift",
+            "target_stats", "psft", "curio_sft"}
+LAUNCHING = BUILT_IN - {"target_stats"} | {"iw_sft", "slm"}
+# Which launch configurations the shared first pass is launched with: its losses' `<loss>_statistics`.
+SHARED = {"target_stats": ("prob_statistics", "iw_sft_statistics", "slm_statistics")}
 
 PLUGIN = '''
 """Two third-party losses with row kernels, registered on import like a plugin package's."""
@@ -129,7 +135,8 @@ def test_the_launches_are_the_ones_the_project_makes(summary):
     for (kernel, capability), results in by_kernel.items():
         name = kernel.split(".")[0]
         if name in BUILT_IN:
-            tables = {_triton.launch_config(k, capability) for k in _triton.LAUNCH_CONFIGS if k.startswith(name)}
+            names = SHARED.get(name) or [k for k in _triton.LAUNCH_CONFIGS if k.startswith(name)]
+            tables = {_triton.launch_config(k, capability) for k in names}
             assert {(r["block"], r["num_warps"]) for r in results} <= tables, kernel
         assert {r["dtype"] for r in results} == {"bf16", "fp16"}, kernel
         for flag in ("HAS_BIAS", "HAS_SOFTCAP", "WRITE_GRAD"):
@@ -145,20 +152,29 @@ def test_the_launches_are_the_ones_the_project_makes(summary):
     assert {r["switches"]["WEIGHTING"] for r in emo} == {0, 1, 2}
     asft = [r for r in summary["results"] if r["kernel"].startswith("asft.")]
     assert {(r["switches"]["HAS_REF"], r["switches"]["HAS_REF_SOFTCAP"]) for r in asft} == {(False, False), (True, False), (True, True)}
+    prob = [r for r in summary["results"] if r["kernel"].startswith("prob.")]
+    assert {r["switches"]["HAS_W"] for r in prob} == {False, True}  # unweighted (prob) and weighted (iw_sft, slm, thresholds)
+    first = [r for r in summary["results"] if r["kernel"].startswith("target_stats.")]
+    assert {(r["switches"]["HAS_REF"], r["switches"]["HAS_REF_SOFTCAP"]) for r in first} == {(False, False), (True, False), (True, True)}
+    gift = [r for r in summary["results"] if r["kernel"].startswith("gift.")]
+    assert {r["switches"]["HAS_FLOOR"] for r in gift} == {False, True}
 
 
 def test_each_launcher_asks_for_its_own_table_entry(monkeypatch):
     """Every entry of the shipped table is (2048, 4), so the compiles cannot tell which entry a launcher read: here each
     kernel gets a configuration of its own, and every recorded launch must be at its kernel's."""
     distinct = [(1024, 4), (2048, 2), (2048, 8), (4096, 2), (4096, 4), (4096, 8), (4096, 16), (8192, 4), (8192, 8),
-                (16384, 8), (1024, 2), (2048, 4), (16384, 16)]
+                (16384, 8), (1024, 2), (2048, 4), (16384, 16), (8192, 2), (8192, 16), (16384, 2), (16384, 4), (512, 1),
+                (512, 2), (256, 1), (1024, 1), (2048, 1), (4096, 1)]
     names = ["nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "sed", "eksft",
-             "eksft_statistics", "default"]
+             "eksft_statistics", "prob", "prob_statistics", "iw_sft", "iw_sft_statistics", "gift", "slm",
+             "slm_statistics", "default", "psft", "curio_sft", "curio_sft_statistics"]
+    assert len(set(distinct)) == len(names)
     for name, config in zip(names, distinct):
         monkeypatch.setitem(_triton.LAUNCH_CONFIGS, name, {80: config})
     recorder = aot_compile._Recorder()
     seen = set()
-    for setting in aot_compile.all_settings(aot_compile.switch_cases(sorted(BUILT_IN)), flag_sets=[(False, False, True)]):
+    for setting in aot_compile.all_settings(aot_compile.switch_cases(sorted(LAUNCHING)), flag_sets=[(False, False, True)]):
         loss_kernel = "gem_logsigmoid" if dict(setting.hparams).get("h") == "logsigmoid" else setting.loss
         for build in recorder.launches(setting, 128_256, 86):
             expected = f"{loss_kernel}_statistics" if build.kernel.endswith("._statistics") else loss_kernel
@@ -229,7 +245,8 @@ def test_meta_reads_the_table_for_the_target_capability(monkeypatch):
 
 
 def test_launch_table_covers_every_built_in_kernel_and_target():
-    for name in ("nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "default"):
+    for name in ("nll", "gem", "gem_logsigmoid", "emo", "tailr", "mixce", "ce_entropy", "eaft", "asft", "prob",
+                 "prob_statistics", "iw_sft", "iw_sft_statistics", "gift", "slm", "slm_statistics", "default"):
         assert set(_triton.LAUNCH_CONFIGS[name]) >= set(aot_compile.TARGETS), name
 
 

@@ -90,7 +90,8 @@ def _loss_and_gradients(pristine, loss_type: str, implementation: str, batch: di
         reference = ReferenceModel("copy", model=copy.deepcopy(pristine).eval().requires_grad_(False))
     count = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()))
     if implementation == "fused":
-        compat.add_objective_head(model, objective.fused, reference=reference and reference.hidden_states)
+        compat.add_objective_head(model, objective.fused, reference=reference and reference.hidden_states,
+                                  reads_sequences=objective.reads_sequences)
         loss = model(**batch, trl_emo_loss=True, num_items_in_batch=count).loss
     else:
         inputs = {k: v for k, v in batch.items() if k != "labels"}

@@ -275,14 +275,6 @@ def test_a_trained_head_gets_its_own_frozen_snapshot(tmp_path, make_model, token
     assert torch.equal(trainer._objective.cost.weight, head_before)  # ... and the snapshot did not move
 
 
-def test_lora_on_the_head_is_a_clear_error(tmp_path, make_model, tokenizer, pc_dataset):
-    from peft import LoraConfig
-
-    peft_config = LoraConfig(r=4, target_modules=["q_proj", "lm_head"], task_type="CAUSAL_LM")
-    with pytest.raises(ValueError, match="lm_head"):
-        SFTTrainer(model=make_model(), args=cpu_config(tmp_path, loss_type="gem"), train_dataset=pc_dataset, processing_class=tokenizer, peft_config=peft_config)
-
-
 def test_qlora_4bit_nf4_on_cpu(tmp_path, make_model, tokenizer, pc_dataset):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig

@@ -2,7 +2,8 @@
 
 Run under `accelerate launch` (several processes) or plain `python` (one process). An optional last argument, JSON,
 adds `SFTConfig` fields (`"config"`), makes the completions of uneven lengths (`"uneven": true`), evaluates on the
-first `"eval_rows"` rows and trains a LoRA adapter on the modules `"lora"` names.
+first `"eval_rows"` rows, trains a LoRA adapter on the modules `"lora"` names and, with `"weights": true`, trains
+on conversations whose answers carry per-message weights.
 """
 
 import json
@@ -24,6 +25,11 @@ def main(model_dir, out_path, loss_type, per_device_batch, max_steps, extra=None
     # Uneven: 1 to 4 answers, so micro-batches and processes hold different numbers of target tokens.
     repeat = (lambda i: 1 + i % 4) if extra.get("uneven") else (lambda i: 1)
     rows = [{"prompt": f"what is {i} plus {i % 7}?", "completion": f" The answer is {i + i % 7}." * repeat(i)} for i in range(32)]
+    if extra.get("weights"):
+        # Conversations whose answers weigh 0.5 to 3.5 (per-token loss weights, a message's `weight`).
+        rows = [{"prompt": [{"role": "user", "content": row["prompt"]}],
+                 "completion": [{"role": "assistant", "content": row["completion"], "weight": 0.5 + i % 4}]}
+                for i, row in enumerate(rows)]
     eval_rows = extra.get("eval_rows")
     config = dict(
         output_dir=os.path.join(os.path.dirname(out_path), f"run-{os.path.basename(out_path)[:-5]}-{loss_type}"),

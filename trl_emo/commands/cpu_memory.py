@@ -12,6 +12,12 @@ process reaches at every step anyway.
 `keep_freed_memory()` does it with `mallopt` for the allocations that follow (the same as starting the process with
 `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=...`); it does nothing where the C
 library is not glibc. CUDA memory has its own caching allocator, so a GPU run does not need it.
+
+The reuse is not immediate on every glibc. torch's CPU allocator asks for 64-byte-aligned blocks (`posix_memalign`),
+and Debian 12's glibc 2.36-9+deb12u14 (measured here 2026-11-28) serves such a request above a block just freed for
+the first several allocations of a size: a 64 MiB buffer allocated 24 times faulted in afresh at 8 of the first 9 and at
+none of the 15 after, and the heap held about 9 such buffers (peak resident 732 MB against 285 MB with the system's
+allocator). A training run reaches that steady state in its first steps; the kept heap is the cost stated above.
 """
 
 from __future__ import annotations

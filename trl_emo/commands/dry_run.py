@@ -3,6 +3,7 @@ model will read them, without loading the model."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 
@@ -72,7 +73,12 @@ def print_sft_dry_run(run, out=None):
     print(f"# {len(prepared)} formatted training example(s); text inside {MASK_OPEN}...{MASK_CLOSE} is masked (no loss)", file=out)
     for i, row in enumerate(prepared):
         n_trained = sum(label != -100 for label in row["labels"])
-        print(f"\n--- example {i} ({len(row['input_ids'])} tokens, {n_trained} trained) ---", file=out)
+        weighed = ""
+        if row.get("loss_weights") is not None:
+            # Per-token loss weights (a message's `weight`, `loss_weights`): how many trained tokens carry each.
+            counts = collections.Counter(w for w, label in zip(row["loss_weights"], row["labels"]) if label != -100)
+            weighed = ", weights " + " ".join(f"{w:g}x{n}" for w, n in sorted(counts.items()))
+        print(f"\n--- example {i} ({len(row['input_ids'])} tokens, {n_trained} trained{weighed}) ---", file=out)
         print(render_masked(run.tokenizer, row["input_ids"], row["labels"]), file=out)
     return prepared
 

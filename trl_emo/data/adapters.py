@@ -26,6 +26,7 @@ from .prompts import (
     user_content,
 )
 from .schemas import CONVERSATION, INSTRUCTION, PROMPT_COMPLETION, TEXT, VERIFIABLE, DataError, Schema, get_schema
+from .token_weights import message_weights
 
 OUTPUT_FORMATS = ("prompt_completion", "conversational_prompt_completion", "messages", "text")
 
@@ -109,6 +110,12 @@ def format_example(row: dict, schema: str, prompt_format: str, system_prompt: st
         messages = clean_messages(read_field(row, declared, "messages"))
         if prompt_format == "chat_template":
             return {"messages": with_system(messages, system_prompt)}
+        if any(weight != 1.0 for weight in message_weights(messages)):
+            # The Alpaca prompt folds the turns into one prompt and one answer: no message is left to weigh.
+            raise DataError(
+                f"A {schema!r} row has per-message weights, which need the chat template (prompt_format chat_template): "
+                "the Alpaca prompt folds the turns into one prompt and one answer."
+            )
         try:
             instruction, input_, output = conversation_to_alpaca(messages)
         except ValueError as exc:

@@ -356,6 +356,10 @@ def feature_kind(feature) -> str:
         inner = feature.feature
         if isinstance(inner, dict) and "role" in inner and "content" in inner:
             return MESSAGES
+        if type(inner).__name__ == "Json":
+            # Turns whose keys differ (a `weight` on some messages only) load as JSON values: each row is checked as a
+            # conversation when it is converted (`adapters.clean_messages`).
+            return MESSAGES
         return "list"
     return type(feature).__name__
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from . import asft, ce_entropy, dft, eaft, eksft, emo, gem, mixce, nll, sed, tailr
 from . import curio_sft, psft
+from . import gift, iw_sft, prob, slm
 from ._common import causal_lm_loss, select_targets, token_statistics
 from .cost import CostEmbedding, load_cost_embedding
 from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
@@ -47,6 +48,10 @@ add_loss(sed.LOSS)
 add_loss(eksft.LOSS)
 add_loss(psft.LOSS)
 add_loss(curio_sft.LOSS)
+add_loss(prob.LOSS)
+add_loss(iw_sft.LOSS)
+add_loss(gift.LOSS)
+add_loss(slm.LOSS)
 
 # The reference per-token functions under descriptive names.
 nll_per_token = nll.per_token
@@ -61,6 +66,10 @@ sed_per_token = sed.per_token
 eksft_per_token = eksft.per_token
 psft_per_token = psft.per_token
 curio_sft_per_token = curio_sft.per_token
+prob_per_token = prob.per_token
+iw_sft_per_token = iw_sft.per_token
+gift_per_token = gift.per_token
+slm_per_token = slm.per_token
 
 __all__ = [
     "BACKENDS",
@@ -83,6 +92,8 @@ __all__ = [
     "fused_linear_loss",
     "fused_lm_loss",
     "gem_per_token",
+    "gift_per_token",
+    "iw_sft_per_token",
     "get_loss",
     "list_losses",
     "load_cost_embedding",
@@ -90,10 +101,12 @@ __all__ = [
     "mixce_per_token",
     "nll_per_token",
     "psft_per_token",
+    "prob_per_token",
     "ReferenceHead",
     "register_loss",
     "select_targets",
     "sed_per_token",
+    "slm_per_token",
     "tailr_per_token",
     "token_statistics",
     "unregister_loss",

@@ -50,10 +50,11 @@ def select_targets(
     return targets, targets != ignore_index
 
 
-def select_label_rows(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX):
+def select_label_rows(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, weights: torch.Tensor | None = None):
     """For a loss that also reads label rows (`LossSpec.label_rows`): over the `[B, T]` positions, the rows to hand it
     (target positions, whose next label is a token, and label positions, whose own label is one), their targets
-    (`0` where a row has none) and their roles, a `RowTensors` with boolean `target` and `label`.
+    (`0` where a row has none) and their roles, a `RowTensors` with boolean `target` and `label`; with per-token
+    `weights` (aligned with `labels`), also `label_weight`, the weight of each row's own label (0 where it has none).
 
     Returns `(rows [B, T] bool, targets [R], roles)`; the rows are taken in position order, so a target position's
     label row is the next row."""
@@ -65,7 +66,18 @@ def select_label_rows(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX):
     rows = is_target | is_label
     shifted = torch.cat([nxt, torch.zeros_like(labels[:, :1])], dim=1)
     targets = torch.where(is_target, shifted, torch.zeros_like(shifted))[rows]
-    return rows, targets, RowTensors({"target": is_target[rows], "label": is_label[rows]})
+    roles = {"target": is_target[rows], "label": is_label[rows]}
+    if weights is not None:
+        roles["label_weight"] = torch.where(is_label, weights, torch.zeros_like(weights))[rows]
+    return rows, targets, RowTensors(roles)
+
+
+def normalizer(count, device=None, dtype=None) -> torch.Tensor:
+    """`N`, the loss's denominator, as a tensor: the count of target tokens, or the sum of their per-token weights;
+    an empty count (0) gives 1, so an all-masked batch reduces to a finite zero rather than `0 / 0`. Not
+    `clamp(min=1)`: a sum of weights below 1 is a true denominator (for whole counts the two are the same)."""
+    count = torch.as_tensor(count, device=device, dtype=dtype)
+    return torch.where(count > 0, count, torch.ones_like(count))
 
 
 LABEL_ROWS_WITH_SHIFT_LABELS = (
@@ -87,9 +99,18 @@ class Positions:
     targets: torch.Tensor
     roles: object = None  # a `registry.RowTensors`, or None
     drop_last: bool = False
+    # Each row's per-token loss weight (the weight of its target; 0 on label rows without one), None without weights.
+    weights: torch.Tensor | None = None
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         return (x[:, :-1] if self.drop_last else x)[self.mask.to(x.device)]
+
+    def sequences(self, labels: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """Which sequence each row belongs to, as a loss that reads it takes it (`registry.SEQUENCES`): `labels` as
+        given to `select_positions` (the unshifted or the pre-shifted ones), `position_ids` for packed rows."""
+        from .registry import RowTensors
+
+        return RowTensors({"id": self.take(sequence_ids(labels, position_ids).to(self.mask.device))})
 
     @property
     def target_rows(self) -> torch.Tensor | None:
@@ -104,18 +125,55 @@ def select_positions(
     label_rows: bool = False,
     ignore_index: int = IGNORE_INDEX,
     device: torch.device | None = None,
+    weights: torch.Tensor | None = None,
 ) -> Positions:
     """The positions to score: every position whose next label (`labels`, unshifted `[B, T]`) or own label
     (`shift_labels`, already aligned with the inputs, any shape) is not `ignore_index`; with `label_rows`, the target
-    positions and the label positions together (`select_label_rows`, unshifted labels only). Tensors on `device`."""
+    positions and the label positions together (`select_label_rows`, unshifted labels only). Tensors on `device`.
+
+    `weights`: per-token loss weights aligned with the labels given (`labels` or `shift_labels`), the weight of each
+    label token. A weight of 0 masks its token exactly as `ignore_index` does (so for every loss, the selecting ones
+    included, weight 0 is masking); the rows' weights come back as `Positions.weights`."""
+    if weights is not None:
+        weights = weights.to(device)
+        given = shift_labels if shift_labels is not None else labels
+        given = given.to(device).masked_fill(weights == 0, ignore_index)
+        labels, shift_labels = (labels, given) if shift_labels is not None else (given, None)
     if label_rows:
         if shift_labels is not None:
             raise ValueError(LABEL_ROWS_WITH_SHIFT_LABELS)
-        mask, targets, roles = select_label_rows(labels.to(device), ignore_index)
-        return Positions(mask, targets, roles, drop_last=False)
+        mask, targets, roles = select_label_rows(labels.to(device), ignore_index, weights)
+        row_weights = None
+        if weights is not None:
+            shifted = torch.cat([weights[:, 1:], torch.zeros_like(weights[:, :1])], dim=1)
+            row_weights = torch.where(roles["target"], shifted[mask], torch.zeros_like(shifted[mask]))
+        return Positions(mask, targets, roles, drop_last=False, weights=row_weights)
     targets, mask = select_targets(labels, shift_labels, ignore_index)
     targets, mask = targets.to(device), mask.to(device)
-    return Positions(mask, targets[mask], None, drop_last=shift_labels is None)
+    row_weights = None
+    if weights is not None:
+        row_weights = (weights if shift_labels is not None else weights[:, 1:])[mask]
+    return Positions(mask, targets[mask], None, drop_last=shift_labels is None, weights=row_weights)
+
+
+def sequence_ids(labels: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Which sequence each position of a batch belongs to (int64, shaped like `labels`), for a loss that reads it
+    (`LossSpec.per_sequence`; take its rows with `Positions.take`): the batch row, or, in a packed row whose
+    `position_ids` restart at 0 at each example (TRL's padding-free packing), the example. 1-D labels: one sequence."""
+    if labels.dim() < 2:
+        return torch.zeros(labels.shape, dtype=torch.long, device=labels.device)
+    batch, length = labels.shape[0], labels.shape[1]
+    rows = torch.arange(batch, device=labels.device)[:, None].expand(batch, length)
+    if position_ids is None:
+        return rows.contiguous()
+    starts = (position_ids.to(labels.device).reshape(-1, length) == 0).long().cumsum(-1)
+    return rows * (length + 1) + starts.expand(batch, length)
+
+
+PER_SEQUENCE_WITH_SHIFT_LABELS = (
+    "This loss reads whole sequences (iw_sft's per-sequence weight, slm_scope='sequence'), which pre-shifted labels "
+    "(`shift_labels`, context parallelism) split across processes; train without context parallelism."
+)
 
 
 def causal_lm_loss(
@@ -140,7 +198,7 @@ def causal_lm_loss(
     values = per_token(aligned[mask], targets[mask], **hparams)
     count = mask.sum() if num_items_in_batch is None else num_items_in_batch
     total = values.sum() + aligned.sum() * 0.0 if values.numel() == 0 else values.sum()
-    return total / torch.as_tensor(count, device=total.device).clamp(min=1)
+    return total / normalizer(count, total.device)
 
 
 # -- the PyTorch chunk kernels' shared pieces ------------------------------------------------
@@ -258,6 +316,19 @@ COST_SOURCES = ("frozen", "lm_head")
 def check_cost_source(name: str, value) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be 'frozen', 'lm_head' or a path, got {value!r}.")
+
+
+def check_token_weights(weights, labels: torch.Tensor, name: str = "weights") -> None:
+    """Per-token loss weights must be a tensor shaped like the labels, of finite non-negative numbers."""
+    if not isinstance(weights, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor of per-token loss weights shaped like labels, got {type(weights).__name__}.")
+    if tuple(weights.shape) != tuple(labels.shape):
+        raise ValueError(f"{name} {tuple(weights.shape)} must have the labels' shape {tuple(labels.shape)}: one weight per label.")
+    if weights.dtype == torch.bool or weights.is_complex():
+        raise ValueError(f"{name} must hold real numbers (a float tensor), got dtype {weights.dtype}.")
+    if weights.numel() and not bool(torch.isfinite(weights).all() & (weights >= 0).all()):
+        bad = weights[~(torch.isfinite(weights) & (weights >= 0))][0].item()
+        raise ValueError(f"{name} must be finite and non-negative (0 leaves a token out), got {bad!r}.")
 
 
 def check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:

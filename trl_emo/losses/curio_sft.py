@@ -251,12 +251,17 @@ def _triton_teacher_rows(statistics, reference, tau_min, tau_max, topk) -> RowTe
     scratch = torch.empty(min(rows, 64), vocab, device=device, dtype=cd) if bias is not None else None
     out = {name: torch.empty(n, device=device, dtype=torch.float32) for name in WEIGHT_FIELDS}
     for start, end in statistics.chunks():
-        h = hidden[start:end].to(cd)
-        z = buffer[: end - start]
-        torch.mm(h, weight.t(), out=z)
         targets = statistics.targets[start:end]
+        if reference is None:  # the policy's own chunk, as the loss pass builds it (a LoRA head's term included)
+            z = statistics.raw_logits(start, end, buffer)
+            target_logits = statistics.target_logits(start, end)
+        else:
+            h = hidden[start:end].to(cd)
+            z = buffer[: end - start]
+            torch.mm(h, weight.t(), out=z)
+            target_logits = _target_logits(h, weight, bias, targets, transform)
         launch = RowLaunch(
-            z=z, targets=targets, target_logits=_target_logits(h, weight, bias, targets, transform), bias=bias,
+            z=z, targets=targets, target_logits=target_logits, bias=bias,
             stats=z.new_empty(0, dtype=torch.float32), grad_scale=z.new_ones(1, dtype=torch.float32),
             logit_scale=transform.logit_scale, softcap=transform.softcap, write_grad=False, scratch=scratch,
         )

@@ -28,6 +28,13 @@ Fused, the loss is two passes over the chunks (`prepare`, then the loss): the fi
 other per-row sums the gradient needs) from the policy's and the reference's logits chunk by chunk, selects, and turns
 the selection into per-row weights; the second computes the loss and its gradient with those weights. The authors'
 extra no-gradient forward of the policy is not needed: its logits are the training pass's.
+
+Per-token loss weights (`LossSpec.token_weights = "loss"`: EKSFT applies them itself): a token of weight 0 is no
+candidate (it is masked before the loss sees it), the selection counts the other candidates (`k = int(N · ratio)`
+over them, whatever their weights), and every mean becomes a weighted mean: the cross-entropy's over the kept tokens,
+each regularizer's over its set, the candidates weighing what their token weighs (the label row's own token with the
+authors' formula); the micro-batch contributes `W · L` for the sum `W` of its target tokens' weights. Weight 1
+everywhere is the unweighted loss, bit for bit.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from ._common import check_choice, check_number, softmax_stats, upcast
 from ._triton import RowLaunch, load_logits, logits_block, softmax_pass, store_grad, store_stats, tl, triton
 from .asft import ReferenceHead
 from .nll import rows as nll_rows
-from .registry import ROLES, LossSpec, RowTensors
+from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, RowTensors
 
 FORMULAS = ("paper", "authors")
 MODES = ("union", "intersection")
@@ -138,12 +145,15 @@ def _lambda(base: float, term: float, target: float, above: bool) -> float:
 
 
 @torch.no_grad()
-def plan_rows(stats: dict[str, torch.Tensor], hp: dict, vocab: int, roles: RowTensors | None = None) -> RowTensors:
+def plan_rows(
+    stats: dict[str, torch.Tensor], hp: dict, vocab: int, roles: RowTensors | None = None,
+    token_weights: RowTensors | None = None,
+) -> RowTensors:
     """The selection of one micro-batch and the per-row weights that turn it into the loss (see the module docstring).
 
     `roles`: which rows are target positions and which are label rows (`LossSpec.label_rows`); without it every row is
     a target and its own candidate (the paper's alignment, and the authors' formula on rows given without their
-    neighbours)."""
+    neighbours). `token_weights`: the per-token loss weights (`registry.TOKEN_WEIGHTS`), None for all 1."""
     formula, ratio = hp["formula"], hp["ratio"]
     n = stats["entropy"].shape[0]
     device = stats["entropy"].device
@@ -151,6 +161,12 @@ def plan_rows(stats: dict[str, torch.Tensor], hp: dict, vocab: int, roles: RowTe
     target = torch.ones(n, dtype=torch.bool, device=device) if roles is None else roles["target"].bool()
     shifted = roles is not None and formula == "authors"
     candidates = roles["label"].bool() if shifted else target
+    # Each row's weight as a target (`w_t`) and as a candidate (`w_c`: its label token's with the authors' formula).
+    w_t = w_c = None
+    if token_weights is not None:
+        w_t = token_weights["target"].to(dtype) * target
+        w_c = token_weights["label"].to(dtype) if shifted else w_t
+        candidates = candidates & (w_c > 0)
     # The authors' `int(total_valid_tokens * top_k_ratio)` (trainer.py T:311-313): a Python int times a float, so a
     # product that rounds just below an integer gives one less than ⌊ratio·N⌋ (0.7 · 90 = 62.99999999999999 → 62).
     k = max(0, int(int(candidates.sum()) * ratio))
@@ -165,19 +181,26 @@ def plan_rows(stats: dict[str, torch.Tensor], hp: dict, vocab: int, roles: RowTe
         # are in position order, and a target position's label row is always the next row.
         dropped = torch.cat([dropped[1:], dropped.new_zeros(1)]) & target
     keep = target & ~dropped
-    tokens, kept = int(target.sum()), int(keep.sum())
     lam_h, lam_kl = float(hp["lambda_entropy"]), float(hp["lambda_kl"])
     log_v = log_vocab(vocab, formula)
     use_h = k > 0 and lam_h > 0
     use_kl = k > 0 and lam_kl > 0
+    # Unweighted: counts (ints), each set's mask as is. Weighted: sums of weights, each mask times its weights (for
+    # weights of 1 the same numbers: whole floats, and products by 1).
+    if w_t is None:
+        tokens, kept, n_h, n_kl = int(target.sum()), int(keep.sum()), k, k
+        m_ce, m_h, m_kl = keep.to(dtype), sel_h.to(dtype), sel_kl.to(dtype)
+    else:
+        m_ce, m_h, m_kl = keep.to(dtype) * w_t, sel_h.to(dtype) * w_c, sel_kl.to(dtype) * w_c
+        tokens, kept, n_h, n_kl = (float(x.sum()) for x in (w_t, m_ce, m_h, m_kl))
     if formula == "authors":
-        entropy_loss = float((stats["h_term"] * sel_h).sum()) / log_v / (k + COUNT_EPS) if use_h else 0.0
-        kl_loss = float((stats["kl_term"] * sel_kl).sum()) / (k + COUNT_EPS) if use_kl else 0.0
+        entropy_loss = float((stats["h_term"] * m_h).sum()) / log_v / (n_h + COUNT_EPS) if use_h else 0.0
+        kl_loss = float((stats["kl_term"] * m_kl).sum()) / (n_kl + COUNT_EPS) if use_kl else 0.0
         lam_h = _lambda(lam_h, entropy_loss, hp["target_entropy"], above=False)
         lam_kl = _lambda(lam_kl, kl_loss, hp["target_kl"], above=True)
-    w_ce = keep.to(dtype) * (tokens / kept) if kept else torch.zeros(n, dtype=dtype, device=device)
-    w_h = sel_h.to(dtype) * (lam_h * tokens / (k + COUNT_EPS) / log_v) if use_h else torch.zeros_like(w_ce)
-    w_kl = sel_kl.to(dtype) * (lam_kl * tokens / (k + COUNT_EPS)) if use_kl else torch.zeros_like(w_ce)
+    w_ce = m_ce * (tokens / kept) if kept else torch.zeros(n, dtype=dtype, device=device)
+    w_h = m_h * (lam_h * tokens / (n_h + COUNT_EPS) / log_v) if use_h else torch.zeros_like(w_ce)
+    w_kl = m_kl * (lam_kl * tokens / (n_kl + COUNT_EPS)) if use_kl else torch.zeros_like(w_ce)
 
     def at_targets(flags: torch.Tensor) -> torch.Tensor:
         # Logged per target token: the authors' selection is on the row after it.
@@ -207,10 +230,10 @@ def _reference_logits(reference, like: torch.Tensor) -> torch.Tensor:
 
 
 def per_token(logits, targets, ratio, lambda_entropy, lambda_kl, mode, formula, target_entropy, target_kl,
-              reference=None, roles=None):
+              reference=None, roles=None, token_weights=None):
     """Per row: `w_ce (−log p_y) − w_H H_term + w_KL KL_term`, the weights from this call's rows (one micro-batch),
-    the terms through autograd. `reference`: the reference logits (logits path) or a `ReferenceHead`; `roles`: see
-    `plan_rows`."""
+    the terms through autograd. `reference`: the reference logits (logits path) or a `ReferenceHead`; `roles`,
+    `token_weights`: see `plan_rows`."""
     hp = {"ratio": ratio, "lambda_entropy": lambda_entropy, "lambda_kl": lambda_kl, "mode": mode, "formula": formula,
           "target_entropy": target_entropy, "target_kl": target_kl}
     check_choice("eksft formula", formula, FORMULAS)
@@ -218,9 +241,9 @@ def per_token(logits, targets, ratio, lambda_entropy, lambda_kl, mode, formula, 
     logp = torch.log_softmax(z, dim=-1)
     nll = -logp.gather(-1, targets[:, None]).squeeze(-1)
     if ratio == 0 or z.shape[0] == 0:
-        return nll
+        return nll if token_weights is None else nll * token_weights["target"].to(nll.dtype)
     zr = _reference_logits(reference, z)
-    weights = plan_rows(row_statistics(z.detach(), zr, formula), hp, z.shape[-1], roles)
+    weights = plan_rows(row_statistics(z.detach(), zr, formula), hp, z.shape[-1], roles, token_weights)
     p = logp.exp()
     logq = torch.log_softmax(zr, dim=-1)
     if formula == "authors":
@@ -254,13 +277,14 @@ def prepare(statistics, hparams: dict) -> dict:
             parts.append(row_statistics(z, zr, formula))
         stats = {name: torch.cat([part[name] for part in parts]) for name in parts[0]} if parts else {}
     roles = hparams.get(ROLES)
-    weights = plan_rows(stats, hparams, vocab, roles if isinstance(roles, RowTensors) else None)
+    weights = plan_rows(stats, hparams, vocab, roles if isinstance(roles, RowTensors) else None,
+                        hparams.get(TOKEN_WEIGHTS))
     assert weights["w_ce"].shape[0] == n
     return {**hparams, "weights": weights}
 
 
 def chunk(z, targets, want_grad, ratio, lambda_entropy, lambda_kl, mode, formula, target_entropy, target_kl,
-          reference=None, roles=None, weights=None):
+          reference=None, roles=None, weights=None, token_weights=None):
     s = softmax_stats(z, targets)
     if weights is None:  # eksft_ratio = 0: cross-entropy, nothing selected
         grad = None
@@ -268,7 +292,13 @@ def chunk(z, targets, want_grad, ratio, lambda_entropy, lambda_kl, mode, formula
             grad = s.p
             grad[s.rows, targets] -= 1.0
         zero = torch.zeros_like(s.nll)
-        return s.result(s.nll.clone(), grad, **{m: zero for m in METRICS})
+        values = s.nll.clone()
+        if token_weights is not None:
+            w = token_weights["target"].to(values.dtype)
+            values.mul_(w)
+            if grad is not None:
+                grad.mul_(w[:, None])
+        return s.result(values, grad, **{m: zero for m in METRICS})
     w_ce, w_h, w_kl = weights["w_ce"], weights["w_h"], weights["w_kl"]
     values = w_ce * s.nll - w_h * weights["h_term"] + w_kl * weights["kl_term"]
     grad = None
@@ -472,12 +502,17 @@ def _rows(
 
 
 def rows(launch: RowLaunch, ratio, lambda_entropy, lambda_kl, mode, formula, target_entropy, target_kl,
-         reference=None, roles=None, weights=None):
+         reference=None, roles=None, weights=None, token_weights=None):
     """The loss pass of one chunk (`weights` from `prepare`); without `weights`, the first pass's statistics of the
     chunk, written into `launch.stats` (how `prepare` and the ahead-of-time compile launch `_statistics`)."""
     if weights is None and ratio == 0:
         nll_rows(launch)
         launch.stats[4 : 4 + len(METRICS)].zero_()
+        if token_weights is not None:  # plain cross-entropy, weighted (a pass over the chunk, for this case only)
+            w = token_weights["target"].to(torch.float32)
+            launch.stats[0].mul_(w)
+            if launch.write_grad:
+                launch.z.mul_(w[:, None])
         return
     # The chunk's reference logits (this chunk's rows of `reference`) into the loss's extra buffer.
     r = _reference_chunk(reference, launch.scratch, 0, launch.rows)
@@ -518,6 +553,8 @@ LOSS = LossSpec(
     reference_field="eksft_ref_model",
     prepare=prepare,
     prepared_rows=WEIGHT_FIELDS + METRICS,
+    # Its selections and per-set means are no sum of per-token terms: it takes per-token weights itself.
+    token_weights="loss",
     # Only a selection reads the label rows; with ratio 0 they would be scored as targets of token 0.
     label_rows=lambda hp: hp["formula"] == "authors" and hp["ratio"] != 0,
 )

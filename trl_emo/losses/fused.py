@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from . import _triton
-from ._common import autograd_chunk
+from ._common import autograd_chunk, normalizer
 from .precision import accumulate_product_, addmm_float32_, mm_float32
-from .registry import ROLES, LossSpec, RowTensors, TokenAligned
+from .registry import ROLES, TOKEN_WEIGHTS, LossSpec, RowTensors, TokenAligned, token_weight_rows
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,32 @@ class HeadTransform:
         return grad
 
 
+@dataclass
+class HeadAdapter:
+    """A low-rank term in the head, as a LoRA adapter on the output layer adds: `y = h W^T + b + a B^T`.
+
+    `down` `[N, r]`: each row's adapter activation, already scaled, `a = s · A dropout(h)` (PEFT's
+    `lora_B(lora_A(dropout(h))) * scaling` without its last product). The caller computes it with autograd, so that
+    `A`, the dropout and the scale get their gradients there; the fused path returns `∂ℓ/∂a`. `up` `[V, r]`: the
+    up-projection `B` (PEFT's `lora_B.weight`). Several adapters are one, concatenated along `r`. The chunk's logits
+    take one more product (`r` columns against the head's `H`), and the gradient three more, each `r` wide: the
+    `[tokens, V]` logits are never formed."""
+
+    down: torch.Tensor
+    up: torch.Tensor
+
+
+def _adapter_logits_(z: torch.Tensor, adapter: HeadAdapter | None, start: int, end: int, float32: bool) -> torch.Tensor:
+    """`z += a B^T` for rows `start:end`: in float32 on the PyTorch path (`float32`), in `z`'s dtype otherwise."""
+    if adapter is not None:
+        a = adapter.down[start:end]
+        if float32:
+            addmm_float32_(z, a, adapter.up.t())
+        else:
+            z.addmm_(a.to(z.dtype), adapter.up.to(z.dtype).t())
+    return z
+
+
 # Rows of the statistics tensor returned beside the loss.
 STAT_ROWS = ("token_losses", "nll", "entropy", "is_top1")
 
@@ -108,10 +134,12 @@ class _Needs:
     hidden: bool
     weight: bool
     bias: bool
+    down: bool = False  # the adapter's `a` and `B` (`HeadAdapter`)
+    up: bool = False
 
     @property
     def any(self) -> bool:
-        return self.hidden or self.weight or self.bias
+        return self.hidden or self.weight or self.bias or self.down or self.up
 
 
 @dataclass
@@ -127,6 +155,9 @@ class _Plan:
     compute_dtype: torch.dtype
     want_grad: bool
     fp32_weight_grad: bool = False
+    # Each row's per-token weight when the paths apply it (`LossSpec.token_weights == "scale"`); None: unweighted.
+    row_weights: torch.Tensor | None = None
+    adapter: HeadAdapter | None = None
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -168,6 +199,7 @@ class StatisticsPass:
     backend: str
     compute_dtype: torch.dtype
     chunk_size: int
+    adapter: HeadAdapter | None = None  # a LoRA adapter's term in the logits, detached like the rest
 
     @property
     def n_rows(self) -> int:
@@ -184,24 +216,36 @@ class StatisticsPass:
 
     def logits(self, start: int, end: int) -> torch.Tensor:
         z = mm_float32(self.hidden[start:end].to(self.compute_dtype), self.weight.to(self.compute_dtype).t())
+        _adapter_logits_(z, self.adapter, start, end, float32=True)
         if self.bias is not None:
             z.add_(self.bias.to(z.dtype))
         return self.transform.apply_(z)
+
+    def target_logits(self, start: int, end: int) -> torch.Tensor:
+        """The float32 transformed target logits `z_y` of rows `start:end`, as the Triton loss pass computes them
+        (`_target_logits`: a float32 dot product, the bias, a LoRA adapter's term)."""
+        cd = self.compute_dtype
+        h = self.hidden[start:end].to(cd)
+        a = up = None
+        if self.adapter is not None:
+            a, up = self.adapter.down[start:end].to(cd), self.adapter.up.to(cd)
+        return _target_logits(h, self.weight.to(cd), self.bias, self.targets[start:end], self.transform, a, up)
 
     def raw_logits(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
         w = self.weight if self.weight.dtype == self.compute_dtype else self.weight.to(self.compute_dtype)
         h = self.hidden[start:end]
         torch.mm(h if h.dtype == self.compute_dtype else h.to(self.compute_dtype), w.t(), out=out[: end - start])
-        return out[: end - start]
+        return _adapter_logits_(out[: end - start], self.adapter, start, end, float32=False)
 
 
 def _prepare(plan: _Plan, hidden, weight, bias, targets) -> None:
     """Run the loss's `prepare` (if any) over every chunk before the loss pass; it may replace the hyper-parameters."""
     if plan.spec.prepare is None:
         return
+    adapter = plan.adapter and HeadAdapter(plan.adapter.down.detach(), plan.adapter.up.detach())
     statistics = StatisticsPass(
         hidden.detach(), weight.detach(), None if bias is None else bias.detach(), targets, plan.transform, plan.backend,
-        plan.compute_dtype, plan.chunk_rows(weight.shape[0], hidden.shape[0]),
+        plan.compute_dtype, plan.chunk_rows(weight.shape[0], hidden.shape[0]), adapter,
     )
     with torch.no_grad():
         plan.hparams = plan.spec.prepare(statistics, plan.hparams)
@@ -216,19 +260,28 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
     grad_hidden = torch.empty(hidden.shape, device=hidden.device, dtype=acc_dtype) if needs.hidden else None
     grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if needs.weight else None
     grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=acc_dtype) if needs.bias else None
+    adapter, row_weights = plan.adapter, plan.row_weights
+    grad_down = torch.empty(adapter.down.shape, device=hidden.device, dtype=acc_dtype) if needs.down else None
+    grad_up = torch.zeros(adapter.up.shape, device=hidden.device, dtype=acc_dtype) if needs.up else None
     compute_dtype = plan.compute_dtype
     late_scale = compute_dtype == torch.float16
     w = weight.to(compute_dtype)
+    up = None if adapter is None else adapter.up.to(compute_dtype)
     chunk_size = plan.chunk_rows(weight.shape[0], n_tokens)
     for start in range(0, n_tokens, chunk_size):
         end = min(start + chunk_size, n_tokens)
         h = hidden[start:end].to(compute_dtype)
         z = mm_float32(h, w.t())
+        if adapter is not None:
+            a = adapter.down[start:end].to(compute_dtype)
+            addmm_float32_(z, a, up.t())
         if bias is not None:
             z.add_(bias.to(z.dtype))
         plan.transform.apply_(z)
         result = kernel(z, targets[start:end], needs.any, **plan.chunk_hparams(start, end))
-        stats[0, start:end] = result.values
+        # A row's weight multiplies its term and its gradient (exact for weight 1: the same bits as without weights).
+        rw = None if row_weights is None else row_weights[start:end].to(result.values.dtype)
+        stats[0, start:end] = result.values if rw is None else result.values * rw
         stats[1, start:end] = result.nll
         stats[2, start:end] = result.entropy
         stats[3, start:end] = result.is_top1
@@ -238,7 +291,12 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
             continue
         # fp16 would flush the small entries of (p - e_y)/N to zero in the cast below: there 1/N goes on the float32
         # products at the end instead, as the Triton path's `alpha` does.
-        grad_z = plan.transform.chain_(result.grad if late_scale else result.grad.mul_(scale), z)
+        grad_z = result.grad
+        if rw is not None:
+            grad_z.mul_((rw if late_scale else rw * scale)[:, None])
+        elif not late_scale:
+            grad_z.mul_(scale)
+        grad_z = plan.transform.chain_(grad_z, z)
         del z, result
         if needs.bias:
             grad_bias += grad_z.sum(0)
@@ -249,11 +307,21 @@ def _run_torch(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs)
             grad_hidden[start:end] = mm_float32(grad_z, w)
         if needs.weight:
             addmm_float32_(grad_weight, grad_z.t(), h)
+        if needs.down:
+            grad_down[start:end] = mm_float32(grad_z, up)
+        if needs.up:
+            addmm_float32_(grad_up, grad_z.t(), a)
     if late_scale:
-        for grad in (grad_hidden, grad_weight, grad_bias):
+        for grad in (grad_hidden, grad_weight, grad_bias, grad_down, grad_up):
             if grad is not None:
                 grad.mul_(scale)
-    return stats, (_held(grad_hidden, hidden.dtype), _held(grad_weight, weight.dtype), _held(grad_bias, bias))
+    return stats, _held_all(hidden, weight, bias, adapter, grad_hidden, grad_weight, grad_bias, grad_down, grad_up)
+
+
+def _held_all(hidden, weight, bias, adapter, *grads):
+    """Every gradient as kept from forward to backward (`_held`), in the order of `_FusedLinearLoss`'s inputs."""
+    likes = (hidden.dtype, weight.dtype, bias, *((adapter.down.dtype, adapter.up.dtype) if adapter else (None, None)))
+    return tuple(_held(g, like) for g, like in zip(grads, likes))
 
 
 def _held(grad: torch.Tensor | None, like) -> torch.Tensor | None:
@@ -269,9 +337,12 @@ def _held(grad: torch.Tensor | None, like) -> torch.Tensor | None:
     return grad if dtype == torch.float16 and grad.dtype == torch.float32 else grad.to(dtype)
 
 
-def _target_logits(h, w, bias, targets, transform: HeadTransform) -> torch.Tensor:
-    """`z_y` of every row as a float32 dot product (see `_triton.py` for why not from the logits)."""
+def _target_logits(h, w, bias, targets, transform: HeadTransform, a=None, up=None) -> torch.Tensor:
+    """`z_y` of every row as a float32 dot product (see `_triton.py` for why not from the logits); `a`, `up`: the
+    rows' adapter activations and its up-projection (`HeadAdapter`)."""
     z_y = torch.linalg.vecdot(h.float(), w[targets].float())
+    if a is not None:
+        z_y += torch.linalg.vecdot(a.float(), up[targets].float())
     if bias is not None:
         z_y += bias[targets].float()
     return transform.apply_(z_y)
@@ -303,17 +374,27 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
     weight_acc_dtype = torch.float32 if plan.fp32_weight_grad or weight.dtype == torch.float16 else weight.dtype
     grad_weight = torch.zeros(weight.shape, device=device, dtype=weight_acc_dtype) if needs.weight else None
     grad_bias = torch.zeros(bias.shape, device=device, dtype=torch.float32) if needs.bias else None
+    adapter, row_weights = plan.adapter, plan.row_weights
+    if adapter is not None:
+        down_all, up = adapter.down.to(cd), adapter.up.to(cd)
+        grad_down = torch.empty(adapter.down.shape, device=device, dtype=torch.float32) if needs.down else None
+        grad_up = torch.zeros(adapter.up.shape, device=device, dtype=torch.float32) if needs.up else None
+    else:
+        down_all = up = grad_down = grad_up = a = None
     for start in range(0, n_tokens, rows):
         end = min(start + rows, n_tokens)
         n = end - start
         h = h_all[start:end]
         z = buffer[:n]
         torch.mm(h, w.t(), out=z)
+        if adapter is not None:
+            a = down_all[start:end]
+            z.addmm_(a, up.t())
         chunk_targets = targets[start:end]
         launch = _triton.RowLaunch(
             z=z,
             targets=chunk_targets,
-            target_logits=_target_logits(h, w, bias, chunk_targets, plan.transform),
+            target_logits=_target_logits(h, w, bias, chunk_targets, plan.transform, a, up),
             bias=bias,
             stats=stats[:, start:end],
             grad_scale=grad_scale,
@@ -323,11 +404,18 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
             scratch=scratch,
         )
         plan.spec.row_kernel(launch, **plan.chunk_hparams(start, end))
+        # Per-token weights, applied outside the row kernels (no kernel reads them): on the row's term, and on the
+        # products' `[n, H]` and `[n, r]` operands and results instead of the `[n, V]` gradient, which needs no extra
+        # pass over the chunk.
+        rw = None if row_weights is None else row_weights[start:end].to(torch.float32)
+        if rw is not None:
+            stats[0, start:end].mul_(rw)
         if not needs.any:
             continue
         # `z` now holds ∂ℓ/∂y for the chunk.
         if needs.bias:
-            grad_bias.add_(z.sum(0, dtype=torch.float32), alpha=alpha)
+            weighted = z if rw is None else z * rw[:, None]  # float32 products (a rare head with a bias)
+            grad_bias.add_(weighted.sum(0, dtype=torch.float32), alpha=alpha)
         if needs.hidden:
             if grad_hidden.dtype == cd:
                 torch.mm(z, w, out=grad_hidden[start:end])
@@ -336,25 +424,36 @@ def _run_triton(plan: _Plan, hidden, weight, bias, targets, scale, needs: _Needs
             else:
                 # A float32 `∂h` (autocast): the product leaves the GEMM in float32, before 1/N.
                 grad_hidden[start:end] = mm_float32(z, w).mul_(alpha)
+            if rw is not None:
+                grad_hidden[start:end].mul_(rw[:, None])
         if needs.weight:
-            accumulate_product_(grad_weight, z.t(), h, alpha=alpha)
-    return stats, (_held(grad_hidden, hidden.dtype), _held(grad_weight, weight.dtype), _held(grad_bias, bias))
+            accumulate_product_(grad_weight, z.t(), h if rw is None else (h * rw[:, None]).to(cd), alpha=alpha)
+        if needs.down:
+            grad_down[start:end] = mm_float32(z, up).mul_(alpha if rw is None else rw[:, None] * alpha)
+        if needs.up:
+            addmm_float32_(grad_up, z.t(), a if rw is None else (a * rw[:, None]).to(cd))
+    if grad_up is not None and alpha != 1.0:
+        grad_up.mul_(alpha)
+    return stats, _held_all(hidden, weight, bias, adapter, grad_hidden, grad_weight, grad_bias, grad_down, grad_up)
 
 
 class _FusedLinearLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, scale, plan: _Plan):
+    def forward(ctx, hidden, weight, bias, targets, scale, plan: _Plan, down=None, up=None):
+        # `down` and `up` are `plan.adapter`'s tensors, inputs here so that autograd hands them their gradients.
         needs = _Needs(
             hidden=plan.want_grad and ctx.needs_input_grad[0],
             weight=plan.want_grad and ctx.needs_input_grad[1],
             bias=plan.want_grad and bias is not None and ctx.needs_input_grad[2],
+            down=plan.want_grad and down is not None and ctx.needs_input_grad[6],
+            up=plan.want_grad and up is not None and ctx.needs_input_grad[7],
         )
         run = _run_triton if plan.backend == "triton" else _run_torch
         _prepare(plan, hidden, weight, bias, targets)
         stats, grads = run(plan, hidden, weight, bias, targets, scale, needs)
         # Saved tensors (not plain ctx attributes) are freed as soon as backward has run.
         ctx.present = tuple(g is not None for g in grads)
-        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.dtypes = (hidden.dtype, weight.dtype, *(None if t is None else t.dtype for t in (bias, down, up)))
         ctx.save_for_backward(*(g for g in grads if g is not None))
         loss = stats[0].sum() * scale
         ctx.mark_non_differentiable(stats)
@@ -375,7 +474,8 @@ class _FusedLinearLoss(torch.autograd.Function):
                 if g is not None:
                     g.mul_(grad_loss)
         grads = [None if g is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)]
-        return (*grads, None, None, None)
+        hidden, weight, bias, down, up = grads
+        return hidden, weight, bias, None, None, None, down, up
 
 
 @dataclass
@@ -384,7 +484,8 @@ class FusedLossOutput:
 
     The rows are the target positions, unless the loss read label rows too (`LossSpec.label_rows`): then
     `target_rows` marks the rows that are target positions. The objective's rows sum to the loss (times its
-    normalizer); the other statistics mean something on target rows only."""
+    normalizer), their per-token weights included; the other statistics mean something on target rows only, and
+    are unweighted (`weights`, each row's weight, None without weights, weighs them in a mean)."""
 
     loss: torch.Tensor
     token_losses: torch.Tensor
@@ -393,6 +494,7 @@ class FusedLossOutput:
     is_top1: torch.Tensor
     metrics: dict[str, torch.Tensor]
     target_rows: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
 
 def resolve_backend(backend: str, spec: LossSpec, device: torch.device, dtype: torch.dtype) -> str:
@@ -434,10 +536,15 @@ def fused_linear_loss(
     transform: HeadTransform | None = None,
     backend: str = "auto",
     fp32_weight_grad: bool = False,
+    weights: torch.Tensor | None = None,
+    adapter: HeadAdapter | None = None,
 ) -> FusedLossOutput:
-    """`Σ_t ℓ_t / N` for the positions `hidden [N, H]` (already without `-100`) and head `weight`.
+    """`Σ_t w_t ℓ_t / N` for the positions `hidden [N, H]` (already without `-100`) and head `weight`.
 
-    `N` is `num_items_in_batch` when given, else the number of positions. `hparams` are the
+    `N` is `num_items_in_batch` when given, else the sum of the weights (the number of positions without
+    weights). `weights` `[N]`: each row's per-token loss weight (non-negative; rows read only as label rows carry 0),
+    applied as the loss declares (`LossSpec.token_weights`); weight 1 everywhere gives the same bits as no weights.
+    `adapter`: a low-rank term of the head (`HeadAdapter`, a LoRA adapter on the output layer). `hparams` are the
     loss's keyword arguments (for EMO, `cost_embedding` among them). `backend`: `"auto"`
     (Triton row kernels on CUDA when available, else PyTorch), `"triton"` or `"torch"`.
     `chunk_size` (positions) or `chunk_memory` (bytes for one chunk's `[n, V]` buffers) set the
@@ -447,33 +554,41 @@ def fused_linear_loss(
     hparams = dict(hparams or {})
     transform = transform or HeadTransform()
     device = hidden.device
+    roles = hparams.get(ROLES)
+    if weights is not None:
+        weights = weights.to(device=device, dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
+        if not spec.scales_by_weight:
+            hparams[TOKEN_WEIGHTS] = token_weight_rows(weights, roles if isinstance(roles, RowTensors) else None)
     for key, value in hparams.items():
         if isinstance(value, TokenAligned) or key == "cost_embedding" and value is not None:
             hparams[key] = value.to(device)
 
-    roles = hparams.get(ROLES)
     target_rows = roles["target"] if isinstance(roles, RowTensors) else None
     if num_items_in_batch is not None:
         count = num_items_in_batch
+    elif weights is not None:  # the weight of the target positions (label-only rows weigh 0 here)
+        count = weights.sum()
     else:  # the target positions (rows read only as label rows are not tokens)
         count = hidden.shape[0] if target_rows is None else target_rows.sum()
     acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    scale = 1.0 / torch.as_tensor(count, device=device, dtype=acc_dtype).clamp(min=1)
+    scale = 1.0 / normalizer(count, device, acc_dtype)
     compute_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
     resolved = resolve_backend(backend, spec, device, compute_dtype)
 
     if hidden.shape[0] == 0:
         metric_names = spec.metrics if (spec.row_kernel if resolved == "triton" else spec.chunk_kernel) else ()
         zero = hidden.sum() * 0.0 + weight.sum() * 0.0
-        if bias is not None:
-            zero = zero + bias.sum() * 0.0
+        for extra in (bias, *((adapter.down, adapter.up) if adapter is not None else ())):
+            if extra is not None:
+                zero = zero + extra.sum() * 0.0
         empty = hidden.new_zeros(0, dtype=acc_dtype)
         return FusedLossOutput(
-            zero.to(acc_dtype), empty, empty, empty, empty, {m: empty for m in metric_names}, target_rows
+            zero.to(acc_dtype), empty, empty, empty, empty, {m: empty for m in metric_names}, target_rows, weights
         )
 
-    want_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    want_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad
+        for t in (hidden, weight, bias, *((adapter.down, adapter.up) if adapter is not None else ()))
     )
     plan = _Plan(
         spec=spec,
@@ -485,11 +600,14 @@ def fused_linear_loss(
         compute_dtype=compute_dtype,
         want_grad=want_grad,
         fp32_weight_grad=fp32_weight_grad,
+        row_weights=weights if spec.scales_by_weight else None,
+        adapter=adapter,
     )
+    down, up = (adapter.down, adapter.up) if adapter is not None else (None, None)
     # Autocast would silently run the float32 products in half precision again.
     with torch.autocast(device.type, enabled=False):
         try:
-            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan)
+            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan, down, up)
         except Exception as exc:
             if resolved != "triton" or backend == "triton" or not _is_triton_build_error(exc):
                 raise
@@ -502,6 +620,6 @@ def fused_linear_loss(
             )
             plan.backend = "torch"
             plan.hparams = hparams  # as given: `prepare` runs again for the PyTorch kernels
-            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan)
+            loss, stats = _FusedLinearLoss.apply(hidden, weight, bias, targets, scale, plan, down, up)
     metrics = {name: stats[len(STAT_ROWS) + i] for i, name in enumerate(plan.metric_names)}
-    return FusedLossOutput(loss, stats[0], stats[1], stats[2], stats[3], metrics, target_rows)
+    return FusedLossOutput(loss, stats[0], stats[1], stats[2], stats[3], metrics, target_rows, weights)

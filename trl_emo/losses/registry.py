@@ -65,6 +65,25 @@ class RowTensors(TokenAligned):
 
 # The hyper-parameter under which the roles of the rows reach a loss that reads label rows (`LossSpec.label_rows`).
 ROLES = "roles"
+# The hyper-parameter under which each row's sequence reaches a loss that reads it (`LossSpec.per_sequence`): a
+# `RowTensors` with `id` (int64), equal for the rows of one sequence. Without it every row is of one sequence.
+SEQUENCES = "sequences"
+# The hyper-parameter under which per-token loss weights reach a loss that applies them itself
+# (`LossSpec.token_weights == "loss"`): a `RowTensors` with `target` (each row's weight, 0 on rows without a target)
+# and, when the loss reads label rows, `label` (the weight of each row's own label token, 0 on rows without one).
+TOKEN_WEIGHTS = "token_weights"
+# How per-token weights apply to a loss (`LossSpec.token_weights`).
+WEIGHTINGS = ("scale", "loss")
+
+
+def token_weight_rows(weights: torch.Tensor, roles: RowTensors | None = None) -> RowTensors:
+    """`hparams[TOKEN_WEIGHTS]` for a loss that applies per-token weights itself: each row's target weight, and with
+    label rows (`roles`) each row's own label weight (`label_weight`, from `_common.select_label_rows`; 1 on every label
+    row when the roles carry none)."""
+    rows = {"target": weights}
+    if roles is not None:
+        rows["label"] = roles["label_weight"] if "label_weight" in roles else roles["label"].to(weights.dtype)
+    return RowTensors(rows)
 
 
 class UnknownLossError(ValueError):
@@ -123,6 +142,16 @@ class LossSpec:
             hyper-parameters saying it (EKSFT with `eksft_formula="authors"`). The rows then handed to the loss are
             the union of both, in order, with their roles in `hparams[ROLES]` (a `RowTensors` with boolean
             `target` and `label`); rows without a target carry target id 0 and must not count as tokens.
+        per_sequence: whether the loss reads which sequence each row belongs to (iw-SFT's per-sequence weight), or a
+            function of the hyper-parameters saying it. The callers then pass `hparams[SEQUENCES]` (a `RowTensors`
+            with `id`: a batch row, or a packed row's segment).
+        token_weights: how per-token loss weights (`fused_linear_loss(weights=)`, the data's `loss_weights` and
+            per-message `weight`) apply. `"scale"` (the default, right for any loss that is a sum of one term per
+            target position): the fused and logits paths multiply each row's term and its gradient by the row's
+            weight and divide by the sum of the weights, with nothing to do in the loss. `"loss"`: the loss's terms
+            are not such a sum (EKSFT selects rows and takes a mean over each selection), so it takes the weights
+            itself, as `hparams[TOKEN_WEIGHTS]`, in every definition (`per_token`, `chunk_kernel`, `row_kernel`,
+            `prepare`); the paths then only normalize by their sum. docs/losses.md says what each loss does with them.
     """
 
     name: str
@@ -143,6 +172,17 @@ class LossSpec:
     prepared_rows: tuple[str, ...] = ()
     label_rows: bool | Callable[[dict], bool] = False
     lagged_reference: Callable[[dict], tuple[int, float]] | None = None
+    per_sequence: bool | Callable[[dict], bool] = False
+    token_weights: str = "scale"
+
+    def __post_init__(self):
+        if self.token_weights not in WEIGHTINGS:
+            raise ValueError(f"LossSpec.token_weights must be one of {', '.join(WEIGHTINGS)}, got {self.token_weights!r}.")
+
+    @property
+    def scales_by_weight(self) -> bool:
+        """Whether the paths apply per-token weights to this loss's rows themselves (`token_weights == "scale"`)."""
+        return self.token_weights == "scale"
 
     def wants_reference(self, hparams: dict) -> bool:
         """Whether a reference model must run for these hyper-parameters."""
@@ -151,6 +191,10 @@ class LossSpec:
     def reads_label_rows(self, hparams: dict) -> bool:
         """Whether the rows handed to the loss include the label rows (see `label_rows`)."""
         return bool(self.label_rows(hparams) if callable(self.label_rows) else self.label_rows)
+
+    def reads_sequences(self, hparams: dict) -> bool:
+        """Whether the loss reads each row's sequence (see `per_sequence`)."""
+        return bool(self.per_sequence(hparams) if callable(self.per_sequence) else self.per_sequence)
 
 
 _REGISTRY: dict[str, LossSpec] = {}

@@ -11,10 +11,11 @@ loss.backward()
 ```
 
 Takes the final hidden states, the output embedding (and bias), the labels, optionally `num_items_in_batch`, a
-reference model's hidden states and head (ASFT, EKSFT; PSFT's old policy, CurioSFT's teacher) and PSFT's old
-log-probabilities; computes the loss chunk by chunk (`fused.fused_linear_loss`), never the whole `[tokens, vocab]`
-logits. Imports nothing but torch (and Triton on a GPU when installed): no TRL,
-transformers, PEFT, accelerate or datasets, so it installs beside any framework (`packaging/trl-emo-losses`).
+reference model's hidden states and head (ASFT, EKSFT, iw-SFT, GIFT, SLM; PSFT's old policy, CurioSFT's teacher),
+PSFT's old log-probabilities and each position's sequence (iw-SFT); computes the loss chunk by chunk
+(`fused.fused_linear_loss`), never the whole `[tokens, vocab]` logits. Imports nothing but torch (and Triton on a GPU
+when installed): no TRL, transformers, PEFT, accelerate or datasets, so it installs beside any framework
+(`packaging/trl-emo-losses`).
 
 The hyper-parameters are the loss's keywords (`beta`, or its `SFTConfig` field name `gem_beta`), their defaults the
 loss's own (`LossSpec.defaults`, which `trl_emo.SFTConfig` also takes), checked by the same code as `SFTConfig` with the
@@ -37,15 +38,17 @@ from ._common import (
     check_label_ids,
     check_positive_int,
     check_positive_number,
+    check_token_weights,
     select_positions,
 )
+from ._common import sequence_ids as sequence_ids_of
 from .asft import ReferenceHead
 from .cost import CostEmbedding, load_cost_embedding
-from .fused import BACKENDS, FusedLossOutput, HeadTransform, fused_linear_loss
-from .registry import ROLES, LossSpec, RowTensors, get_loss
+from .fused import BACKENDS, FusedLossOutput, HeadAdapter, HeadTransform, fused_linear_loss
+from .registry import ROLES, SEQUENCES, TOKEN_WEIGHTS, LossSpec, RowTensors, get_loss
 
 # Keywords of a loss's functions that are inputs, not hyper-parameters.
-_INPUTS = ("reference", "cost_embedding", ROLES, "weights", "old_logp")
+_INPUTS = ("reference", "cost_embedding", ROLES, SEQUENCES, "weights", "old_logp", TOKEN_WEIGHTS)
 
 
 @dataclass
@@ -150,13 +153,28 @@ def _check_layout(hidden, weight, labels, shift_labels: bool, bias, reference) -
                              f"hidden {tuple(hidden.shape)}.")
 
 
+def _check_lora(lora, weight) -> tuple:
+    ok = isinstance(lora, (tuple, list)) and len(lora) == 3
+    lora_a, lora_b, scaling = lora if ok else (None, None, None)
+    ok = ok and isinstance(lora_a, torch.Tensor) and isinstance(lora_b, torch.Tensor) and lora_a.dim() == 2
+    ok = ok and lora_b.dim() == 2 and lora_a.shape[0] == lora_b.shape[1] and lora_a.shape[1] == weight.shape[1]
+    ok = ok and lora_b.shape[0] == weight.shape[0] and isinstance(scaling, (int, float)) and not isinstance(scaling, bool)
+    if not ok:
+        raise ValueError(
+            f"lora must be (A [r, {weight.shape[1]}], B [{weight.shape[0]}, r], scaling), PEFT's lora_A.weight, "
+            "lora_B.weight and scaling of the head's adapter."
+        )
+    return lora_a, lora_b, float(scaling)
+
+
 class FusedLinearLoss(torch.nn.Module):
     """A registered loss computed from the final hidden states and the output embedding, never the full logits.
 
     Args:
         loss_type: the loss's registered name: `"nll"`, `"dft"`, `"gem"`, `"emo"`, `"tailr"`, `"mixce"`,
-            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"` or one registered with
-            `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists them).
+            `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`, `"psft"`, `"curio_sft"`, `"prob"`, `"iw_sft"`,
+            `"gift"`, `"slm"` or one registered with `trl_emo.register_loss` (`trl_emo.losses.list_losses()` lists
+            them).
         logit_scale: the factor the model applies to its logits (`z = scale * (h W^T + b)`); `for_model` reads it
             from the model's config.
         softcap: the model's final-logit soft-cap (`z = c tanh(y / c)`, Gemma 2 and 3), None without one.
@@ -179,8 +197,8 @@ class FusedLinearLoss(torch.nn.Module):
             `trl_emo.SFTConfig`'s docstring documents them.
 
     Call it as `loss_fn(hidden, weight, labels, bias=None, *, num_items_in_batch=None, reference=None,
-    old_log_probs=None, return_stats=False)` (see `forward`). Every bad argument raises a one-line `ValueError` naming
-    it and the fix.
+    old_log_probs=None, sequence_ids=None, weights=None, lora=None, return_stats=False)` (see `forward`). Every bad
+    argument raises a one-line `ValueError` naming it and the fix.
     """
 
     def __init__(
@@ -261,9 +279,12 @@ class FusedLinearLoss(torch.nn.Module):
         num_items_in_batch: int | torch.Tensor | None = None,
         reference: ReferenceHead | None = None,
         old_log_probs: torch.Tensor | None = None,
+        sequence_ids: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        lora: tuple | None = None,
         return_stats: bool = False,
     ) -> torch.Tensor | FusedLinearLossOutput:
-        """The loss, `Σ_t ℓ_t / N` over the positions with a target.
+        """The loss, `Σ_t w_t ℓ_t / N` over the positions with a target (`w_t = 1` without `weights`).
 
         Args:
             hidden: the model's final hidden states (after the final norm: what the head multiplies),
@@ -275,15 +296,28 @@ class FusedLinearLoss(torch.nn.Module):
             num_items_in_batch: `N`, the number of target tokens the loss is normalized by (Hugging Face's
                 `num_items_in_batch`: all micro-batches of the optimizer step, for gradient accumulation); default:
                 the target tokens of this call.
-            reference: ASFT and EKSFT: the reference model's final hidden states over the same positions as
-                `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale, softcap)`,
-                computed without gradient. Not needed when the loss's settings run no reference (`asft_alpha=0`,
-                `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the teacher's. For
-                these two it is optional: without it the old policy / teacher is the model itself (PSFT: `r = 1`).
+            reference: ASFT, EKSFT, iw-SFT, GIFT and SLM: the reference model's final hidden states over the same
+                positions as `hidden` and its head, `ReferenceHead(ref_hidden, ref_weight, ref_bias, logit_scale,
+                softcap)`, computed without gradient. Not needed when the loss's settings run no reference
+                (`asft_alpha=0`, `eksft_ratio=0`). PSFT: the old policy's (or pass `old_log_probs`); CurioSFT: the
+                teacher's. For these two it is optional: without it the old policy / teacher is the model itself
+                (PSFT: `r = 1`).
             old_log_probs: PSFT: the old policy's log-probability of each target, laid out like `hidden` without its
                 last dimension (entry `t` for the token position `t` predicts; other entries are not read), no
                 gradient. The negative of `fused_lm_loss(old_hidden, weight, labels, "nll", return_stats=True).nll`
                 laid out by its `positions` is that (or pass `reference=ReferenceHead(old_hidden, weight)`).
+            sequence_ids: iw-SFT (and SLM with `slm_scope="sequence"`): which sequence each position belongs to,
+                shaped like `labels` (for packed rows, e.g. the example index within the row). Default: each row of
+                2-D labels is a sequence; 1-D labels are one sequence.
+            weights: per-token loss weights, a tensor shaped like `labels` (each label's weight, non-negative): the
+                weight multiplies its token's term and gradient (for a loss that selects tokens, EKSFT, it weighs the
+                token in the selection's means: docs/losses.md), 0 leaves the token out like `ignore_index`, and `N`
+                defaults to the sum of the weights of the target tokens. Weights of 1 give the unweighted loss bit for
+                bit. With gradient accumulation pass `num_items_in_batch`, the sum of the weights of the step.
+            lora: a LoRA adapter on the head, `(A [r, H], B [V, r], scaling)` (PEFT's `lora_A.weight`,
+                `lora_B.weight`, `scaling`; `weight` is then the frozen base head): the logits are
+                `h W^T + scaling · (h A^T) B^T`, chunk by chunk, and `A` and `B` get their gradients. No dropout
+                here (PEFT's `lora_dropout` is applied by `trl_emo.SFTTrainer`, which runs PEFT's own dropout).
             return_stats: return a `FusedLinearLossOutput` (the loss and per-position statistics) instead of the
                 loss alone.
         """
@@ -295,6 +329,8 @@ class FusedLinearLoss(torch.nn.Module):
             if tuple(old_log_probs.shape) != tuple(hidden.shape[:-1]):
                 raise ValueError(f"old_log_probs {tuple(old_log_probs.shape)} must have the shape of hidden without its "
                                  f"last dimension, {tuple(hidden.shape[:-1])}.")
+        if weights is not None:
+            check_token_weights(weights, labels)
         vocab = weight.shape[0]
         if spec.validate_vocab is not None and self._vocab_checked != vocab:
             spec.validate_vocab(hparams, vocab)
@@ -305,6 +341,7 @@ class FusedLinearLoss(torch.nn.Module):
             label_rows=spec.reads_label_rows(hparams),
             ignore_index=self.ignore_index,
             device=weight.device,
+            weights=weights,
         )
         check_label_ids(positions.targets, vocab)
         kwargs = dict(hparams)
@@ -326,8 +363,19 @@ class FusedLinearLoss(torch.nn.Module):
             kwargs[ROLES] = positions.roles
         if old_log_probs is not None:
             kwargs["old_logp"] = RowTensors({"old_logp": positions.take(old_log_probs.detach().to(weight.device))})
+        if spec.reads_sequences(hparams):
+            if sequence_ids is not None and tuple(sequence_ids.shape) != tuple(labels.shape):
+                raise ValueError(f"sequence_ids {tuple(sequence_ids.shape)} must have the shape of labels "
+                                 f"{tuple(labels.shape)}.")
+            ids = sequence_ids if sequence_ids is not None else sequence_ids_of(labels)
+            kwargs[SEQUENCES] = RowTensors({"id": positions.take(ids.to(weight.device))})
+        rows = positions.take(hidden.to(weight.device))
+        adapter = None
+        if lora is not None:
+            lora_a, lora_b, scaling = _check_lora(lora, weight)
+            adapter = HeadAdapter((rows @ lora_a.to(rows.dtype).t()) * scaling, lora_b)
         out = fused_linear_loss(
-            positions.take(hidden.to(weight.device)),
+            rows,
             weight,
             positions.targets,
             spec,
@@ -339,6 +387,8 @@ class FusedLinearLoss(torch.nn.Module):
             transform=self.transform,
             backend=self.backend,
             fp32_weight_grad=self.fp32_head_grad,
+            weights=positions.weights,
+            adapter=adapter,
         )
         if not return_stats:
             return out.loss
@@ -355,6 +405,9 @@ def fused_lm_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     reference: ReferenceHead | None = None,
     old_log_probs: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    lora: tuple | None = None,
     cost_embedding: str | torch.Tensor | CostEmbedding | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
@@ -394,4 +447,5 @@ def fused_lm_loss(
         **hyperparameters,
     )
     return loss_fn(hidden, weight, labels, bias, num_items_in_batch=num_items_in_batch, reference=reference,
-                   old_log_probs=old_log_probs, return_stats=return_stats)
+                   old_log_probs=old_log_probs, sequence_ids=sequence_ids, weights=weights, lora=lora,
+                   return_stats=return_stats)

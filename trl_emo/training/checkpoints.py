@@ -6,7 +6,7 @@ dies on. Here (`AtomicCheckpoints`, a mixin for any `transformers.Trainer` subcl
 staging folder of `output_dir` (`_trl_emo_saving/checkpoint-N`: neither `get_last_checkpoint`, nor the rotation of
 `save_total_limit`, nor the Hub upload, which skips `_*`, sees it), then renamed to `checkpoint-N` once every process
 has written its part (after an agreement of every process: ZeRO-3 and FSDP shards, per-rank RNG states) and its
-manifest (`checkpoint_manifest`: every file's size and CRC-32) is written and every file is on disk. A rename within
+manifest (`checkpoint_manifest`: every file's size and checksums) is written and every file is on disk. A rename within
 one folder is atomic, so a `checkpoint-N` folder is complete or absent, whenever the process dies.
 
 What happens to a folder after it is published (a copy cut short, a disk fault, a file truncated or overwritten) is

@@ -43,7 +43,7 @@ class SFTConfig(_TRLSFTConfig):
         loss_type (`str`, *optional*, defaults to `"nll"`):
             Training objective. TRL's own: `"nll"` (cross-entropy) and `"dft"`, computed by TRL. Added by
             trl_emo: `"gem"`, `"emo"`, `"tailr"`, `"mixce"`, `"ce_entropy"`, `"eaft"`, `"asft"`, `"sed"`, `"eksft"`,
-            `"psft"`, `"curio_sft"`, and any loss registered with [`trl_emo.register_loss`].
+            `"psft"`, `"curio_sft"`, `"prob"`, `"iw_sft"`, `"gift"`, `"slm"`, and any loss registered with [`trl_emo.register_loss`].
         loss_implementation (`str`, *optional*, defaults to `"fused"`):
             How a trl_emo loss is computed. `"fused"`: from the final hidden states and the output embedding in
             chunks of positions, never building the whole batch's logits (the memory of TRL's own loss).
@@ -204,6 +204,49 @@ class SFTConfig(_TRLSFTConfig):
         curio_teacher_mixup_alpha (`float`, *optional*, defaults to `0.99`):
             The policy's share in each mix, `teacher <- (1 - a) * teacher + a * policy` (their `ref_model_mixup_alpha`),
             in [0, 1]: `0` keeps the starting model as the teacher.
+        prob_q (`float`, *optional*, defaults to `10.0`):
+            Beyond Log Likelihood's exponent `q >= 0`: `(1 - p_y^q) / q` per token ("GeneralFamily-q"; 10 in the
+            authors' math script). `1` is `1 - p_y` (their "p"), `0` cross-entropy (the limit).
+        prob_only (`str`, *optional*):
+            Beyond Log Likelihood's thresholded variants: `"top"` keeps only the tokens with `p_y >= prob_threshold`,
+            `"bottom"` those with `p_y <= prob_threshold`, averaged over the kept tokens of the micro-batch ("OnlyTopP-t"
+            is `prob_q: 1, prob_only: top`; "OnlyTopLogP-t" `prob_q: 0`). Default: every token.
+        prob_threshold (`float`, *optional*):
+            The probability threshold of `prob_only`: in `[0, 1)` for `top`, `(0, 1]` for `bottom`.
+        iw_sft_temperature (`float`, *optional*, defaults to `1.0`):
+            iw-SFT's `temp`: each sequence's cross-entropy is weighted by `clamp(exp(temp * mean(log p - log p_ref)), 0,
+            iw_sft_clip)` (no gradient through the weight). `1.0` is what the authors' trainer passes (their loss
+            class's default, 2.0, is never reached); `0` is cross-entropy.
+        iw_sft_clip (`float`, *optional*, defaults to `16.0`):
+            iw-SFT's upper clamp of the sequence weight.
+        iw_sft_sum_over_time (`bool`, *optional*, defaults to `True`):
+            iw-SFT's `sum_over_time`: one weight per sequence from its mean log-ratio (the authors' run). `False`: their
+            other branch, a weight per token, `clamp(exp(log p - log p_ref), 0.2, 1.8)`.
+        iw_sft_ref_model (`str`, *optional*):
+            iw-SFT's reference model, a local folder or a Hub id with the same vocabulary. Default: the model's own
+            starting weights (under PEFT the base model with the adapters disabled; in full fine-tuning a frozen copy),
+            as in the authors' run. Only valid with `loss_type="iw_sft"`.
+        gift_beta (`float`, *optional*, defaults to `20.0`):
+            GIFT's inverse-temperature gain: each token's target is `softmax(log p_ref + gift_beta * onehot(y))`
+            (the authors' script). Larger is closer to cross-entropy.
+        gift_smooth_lambda (`float`, *optional*, defaults to `0.0`):
+            GIFT's smoothing of the reference's distribution toward uniform, `(1 - lambda) p_ref + lambda / V`, in
+            `[0, 1]`.
+        gift_formula (`str`, *optional*, defaults to `"authors"`):
+            `"authors"`: their code's `log(p_ref + 1e-10)`. `"paper"`: `log p_ref` exactly (their algorithm).
+        gift_ref_model (`str`, *optional*):
+            GIFT's base model, a local folder or a Hub id with the same vocabulary. Default: the model's own starting
+            weights (their setting). Only valid with `loss_type="gift"`.
+        slm_keep_ratio (`float`, *optional*, defaults to `0.6`):
+            SLM's (Rho-1's) share of a micro-batch's target tokens trained on, those of largest excess loss
+            `CE_model - CE_ref` (`ceil(ratio * N)`; 0.6 is the paper's 1B setting, 0.7 its 7B one), in `(0, 1]`.
+        slm_scope (`str`, *optional*, defaults to `"batch"`):
+            Where SLM ranks: over the micro-batch (`"batch"`, the paper's text) or within each sequence
+            (`"sequence"`, its Eq. 4).
+        slm_ref_model (`str`, *optional*):
+            SLM's reference model, a local folder or a Hub id with the same vocabulary: in the paper, a model trained
+            on the data you trust. Default: the model's own starting weights (then every excess loss is 0 at the first
+            step, and the earliest tokens are taken). Only valid with `loss_type="slm"`.
         loss_kwargs (`dict` or `str`, *optional*):
             Keyword arguments for a loss registered by a third party (a JSON string on the command line).
             Built-in losses take their hyper-parameters from the fields above.
@@ -222,7 +265,7 @@ class SFTConfig(_TRLSFTConfig):
         default="nll",
         metadata={
             "help": "Training objective: TRL's 'nll' or 'dft', or a trl_emo loss: 'gem', 'emo', 'tailr', 'mixce', "
-            "'ce_entropy', 'eaft', 'asft', 'sed', 'eksft', 'psft', 'curio_sft' (or any registered loss)."
+            "'ce_entropy', 'eaft', 'asft', 'sed', 'eksft', 'psft', 'curio_sft', 'prob', 'iw_sft', 'gift', 'slm' (or any registered loss)."
         },
     )
     loss_implementation: str = field(
@@ -362,6 +405,41 @@ class SFTConfig(_TRLSFTConfig):
         default=_default("curio_sft", "teacher_mixup_alpha"),
         metadata={"help": "CurioSFT: the policy's share in each mix of the teacher, in [0, 1]."},
     )
+    prob_q: float = field(default=_default("prob", "q"), metadata={"help": "Beyond-LL: (1 - p^q) / q per token (q >= 0)."})
+    prob_only: str | None = field(
+        default=_default("prob", "only"), metadata={"help": "Beyond-LL: keep only tokens 'top' or 'bottom' of prob_threshold."}
+    )
+    prob_threshold: float | None = field(
+        default=_default("prob", "threshold"), metadata={"help": "Beyond-LL: the probability threshold of prob_only."}
+    )
+    iw_sft_temperature: float = field(
+        default=_default("iw_sft", "temperature"), metadata={"help": "iw-SFT: temperature of the sequence weight."}
+    )
+    iw_sft_clip: float = field(default=_default("iw_sft", "clip"), metadata={"help": "iw-SFT: upper clamp of the weight."})
+    iw_sft_sum_over_time: bool = field(
+        default=_default("iw_sft", "sum_over_time"),
+        metadata={"help": "iw-SFT: one weight per sequence (true) or per token (false)."},
+    )
+    iw_sft_ref_model: str | None = field(
+        default=None, metadata={"help": "iw-SFT reference model (folder or Hub id); default: the starting weights."}
+    )
+    gift_beta: float = field(default=_default("gift", "beta"), metadata={"help": "GIFT: gain of the target token."})
+    gift_smooth_lambda: float = field(
+        default=_default("gift", "smooth_lambda"), metadata={"help": "GIFT: smoothing of p_ref toward uniform, [0, 1]."}
+    )
+    gift_formula: str = field(
+        default=_default("gift", "formula"), metadata={"help": "GIFT: 'authors' (log(p + 1e-10)) or 'paper'."}
+    )
+    gift_ref_model: str | None = field(
+        default=None, metadata={"help": "GIFT base model (folder or Hub id); default: the starting weights."}
+    )
+    slm_keep_ratio: float = field(
+        default=_default("slm", "keep_ratio"), metadata={"help": "SLM: share of tokens kept by excess loss, (0, 1]."}
+    )
+    slm_scope: str = field(default=_default("slm", "scope"), metadata={"help": "SLM: rank over the 'batch' or 'sequence'."})
+    slm_ref_model: str | None = field(
+        default=None, metadata={"help": "SLM reference model (folder or Hub id); default: the starting weights."}
+    )
     loss_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of a third-party registered loss (JSON on the command line)."},
@@ -406,8 +484,9 @@ class SFTConfig(_TRLSFTConfig):
             raise ValueError(f"gem_beta_min must be in (0, 1], got {self.gem_beta_min!r}.")
         if not (isinstance(self.gem_beta_step, (int, float)) and self.gem_beta_step > 0 and math.isfinite(self.gem_beta_step)):
             raise ValueError(f"gem_beta_step must be a positive number, got {self.gem_beta_step!r}.")
-        for loss, field_name in (("asft", "asft_ref_model"), ("eksft", "eksft_ref_model")):
-            if getattr(self, field_name) is not None and self.loss_type != loss:
+        for loss in list_losses(include_trl=False):
+            field_name = get_loss(loss).reference_field
+            if field_name and getattr(self, field_name, None) is not None and self.loss_type != loss:
                 raise ValueError(
                     f"{field_name} is set but loss_type is {self.loss_type!r}: the reference model is only used by "
                     f"loss_type='{loss}'. Remove {field_name} or set loss_type: {loss}."

@@ -39,6 +39,11 @@ STATE_FILE = "trl_emo_lagged_policy.safetensors"
 _ROLE = {"psft": "old policy", "curio_sft": "teacher"}
 
 
+def role_name(loss: str) -> str:
+    """What `loss` calls its lagged model ("old policy", "teacher"), for messages."""
+    return _ROLE.get(loss, "lagged policy")
+
+
 class LaggedPolicy:
     """The lagged copy of a model's trainable weights, its schedule, and its forward (`hidden_states`, `logits`)."""
 
@@ -55,7 +60,7 @@ class LaggedPolicy:
 
     @property
     def role(self) -> str:
-        return _ROLE.get(self.loss, "lagged policy")
+        return role_name(self.loss)
 
     @property
     def nbytes(self) -> int:

@@ -16,9 +16,9 @@ import torch
 
 from .trl_compat import gather_lm_head, head_parameters
 from ..losses import CostEmbedding, fused_linear_loss, get_loss, load_cost_embedding, token_statistics
-from ..losses._common import check_label_ids, select_positions
+from ..losses._common import check_label_ids, normalizer, select_positions
 from ..losses.fused import FusedLossOutput, HeadTransform
-from ..losses.registry import ROLES
+from ..losses.registry import ROLES, SEQUENCES, TOKEN_WEIGHTS, token_weight_rows
 
 logger = logging.getLogger(__name__)
 
@@ -128,23 +128,32 @@ class Objective:
         return self.spec.wants_reference(self.hparams)
 
     @property
+    def reads_sequences(self) -> bool:
+        """The loss reads each row's sequence (iw-SFT's per-sequence weight; `LossSpec.per_sequence`)."""
+        return self.spec.reads_sequences(self.hparams)
+
+    @property
     def reads_label_rows(self) -> bool:
         """The loss also reads the label rows (EKSFT's authors' formula; `LossSpec.label_rows`)."""
         return self.spec.reads_label_rows(self.hparams)
 
     def fused(
         self, hidden, weight, bias, targets, num_items_in_batch=None, transform: HeadTransform | None = None,
-        reference=None, roles=None,
+        reference=None, roles=None, sequences=None, weights=None, adapter=None,
     ):
         """The objective from hidden states of the target positions (see `fused_linear_loss`); `reference`: the
-        reference model's `ReferenceHead` at the same positions (ASFT, EKSFT); `roles`: when the loss reads label rows
-        too, which rows are targets and which are label rows (`select_label_rows`)."""
+        reference model's `ReferenceHead` at the same positions (ASFT, EKSFT, iw-SFT, GIFT, SLM); `roles`: when the loss
+        reads label rows too, which rows are targets and which are label rows (`select_label_rows`); `sequences`: when
+        it reads sequences, each row's (`Positions.sequences`); `weights`: each row's per-token loss weight; `adapter`:
+        a LoRA adapter's term in the head (`HeadAdapter`)."""
         check_label_ids(targets, weight.shape[0])
         kwargs = self._kwargs(weight)
         if self.spec.needs_reference:
             kwargs = {**kwargs, "reference": reference}
         if roles is not None:
             kwargs = {**kwargs, ROLES: roles}
+        if sequences is not None:
+            kwargs = {**kwargs, SEQUENCES: sequences}
         return fused_linear_loss(
             hidden,
             weight,
@@ -158,35 +167,52 @@ class Objective:
             transform=transform,
             backend=self.backend,
             fp32_weight_grad=self.fp32_head_grad,
+            weights=weights,
+            adapter=adapter,
         )
 
     def from_logits(
-        self, logits, labels, model, num_items_in_batch=None, shift_labels=None, reference_logits=None
+        self, logits, labels, model, num_items_in_batch=None, shift_labels=None, reference_logits=None,
+        position_ids=None, weights=None,
     ) -> FusedLossOutput:
         """The reference path: the objective from the model's full logits `[B, T, V]` (and, for ASFT, the reference
-        model's logits of the same batch)."""
+        model's logits of the same batch; `position_ids` of packed rows for a loss that reads sequences; `weights`:
+        per-token loss weights aligned with the labels)."""
         weight, _ = head_parameters(model)
         extra = {}
-        positions = select_positions(labels, shift_labels, label_rows=self.reads_label_rows)
+        positions = select_positions(labels, shift_labels, label_rows=self.reads_label_rows, weights=weights)
         roles, selected_targets = positions.roles, positions.targets
         if roles is not None:
             extra[ROLES] = roles
+        if self.reads_sequences:
+            if shift_labels is not None:
+                from ..losses._common import PER_SEQUENCE_WITH_SHIFT_LABELS
+
+                raise ValueError(PER_SEQUENCE_WITH_SHIFT_LABELS)
+            extra[SEQUENCES] = positions.sequences(labels, position_ids)
         selected = positions.take(logits)
         check_label_ids(selected_targets, logits.shape[-1])
         if self.spec.needs_reference:
             extra["reference"] = None if reference_logits is None else positions.take(reference_logits)
+        row_weights = positions.weights
+        if row_weights is not None and not self.spec.scales_by_weight:
+            extra[TOKEN_WEIGHTS] = token_weight_rows(row_weights, roles)
         # The live cost reads the head outside its module's forward: under ZeRO-3 that needs a gather (read only,
         # detached, so no gradient has to reach the shards).
         with gather_lm_head(weight) if self.reads_head else contextlib.nullcontext():
             values = self.spec.per_token(selected, selected_targets, **self._kwargs(weight), **extra)
+        if row_weights is not None and self.spec.scales_by_weight:
+            values = values * row_weights.to(values.dtype)
         target_rows = positions.target_rows
         if num_items_in_batch is not None:
             count = num_items_in_batch
+        elif row_weights is not None:  # the weight of the target positions
+            count = row_weights.sum()
         else:  # the target positions (label rows that are not targets are no tokens)
             count = positions.mask.sum() if target_rows is None else target_rows.sum()
         total = values.sum() if values.numel() else logits.sum() * 0.0
-        loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
+        loss = total / normalizer(count, total.device)
         stats = token_statistics(selected, selected_targets)
         return FusedLossOutput(
-            loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {}, target_rows
+            loss, values.detach(), stats["nll"], stats["entropy"], stats["is_top1"], {}, target_rows, row_weights
         )

@@ -4,6 +4,11 @@
 by `trl_emo`, fused by default (from hidden states, never the full logits) or from the logits
 (`loss_implementation="logits"`), and logged beside cross-entropy, entropy and token accuracy, averaged the way
 the Trainer averages the `loss` it logs (see `_MetricSums`), so that `objective` equals `loss`.
+
+Two things TRL 1.16 does not take are taken here, for every loss: per-token loss weights in the data (a message's
+`weight`, a tokenized row's `loss_weights`: `trl_emo.data.token_weights`), and a LoRA adapter on the output layer
+(`trl_emo.training.lora_head`). With weights, `nll` and `dft` stay TRL's fused head's, each token's term weighted; with
+an adapter on the head, which TRL's fused head would leave out, they are computed by trl_emo's `nll` and `dft`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from trl import SFTTrainer as _TRLSFTTrainer
 from . import trl_compat as compat
 from .atomic_checkpoints import AtomicCheckpoints
 from .config import SFTConfig
+from . import lora_head
+from ..data.token_weights import WEIGHTS_COLUMN, carries_weights
 from ..models.generation_eos import add_end_of_turn_to_generation_config
 from ..losses.registry import TRL_LOSS_TYPES
 from .objective import Objective, output_vocab_size
@@ -66,32 +73,36 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
         self._sed_calibration = None  # SED's threshold to calibrate: (top_k, ratio, examples), until it is known
         self._train_sums = _MetricSums()  # this optimizer step's metric sums, logged at its end
         self._eval_sums = _MetricSums()  # this evaluation's, logged at its end
+        self._weighted_data = False  # a dataset carries per-token weights (set by `_prepare_dataset`)
+        self._trl_weights = False  # TRL's own `nll`/`dft` from TRL's fused head, each token's term weighted
         if args.loss_type not in TRL_LOSS_TYPES:
-            if kwargs.get("compute_loss_func") is not None:
-                raise ValueError(
-                    f"`compute_loss_func` cannot be combined with loss_type={args.loss_type!r}: the loss is computed by "
-                    "trl_emo. Register your loss with `trl_emo.register_loss` instead."
-                )
-            if args.label_smoothing_factor > 0:
-                raise ValueError(f"label_smoothing_factor is not supported with loss_type={args.loss_type!r}.")
-            objective = Objective(
-                args.loss_type,
-                args.loss_hyperparameters(),
-                cost_source=args.emo_cost_embedding,
-                chunk_size=args.fused_chunk_size,
-                trust_remote_code=args.trust_remote_code,
-                chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
-                backend=args.fused_backend,
-                fp32_head_grad=args.fused_fp32_head_grad,
-            )
-            with compat.trl_builds_own_loss_trainer(args):
+            self._check_own_loss_options(args, kwargs.get("compute_loss_func"), f"loss_type={args.loss_type!r}")
+            objective = self._make_objective(args)
+            with compat.trl_builds_own_loss_trainer(args), compat.trl_accepts_adapter_on_head():
                 super().__init__(model, args, *positional, **kwargs)
             self._objective = objective
+        else:
+            with compat.trl_accepts_adapter_on_head():
+                super().__init__(model, args, *positional, **kwargs)
+            if lora_head.adapts(self._base_model()):
+                # TRL's fused head would leave the adapter out (TRL refuses it): trl_emo's own `nll`/`dft` take it.
+                self._check_own_loss_options(args, self.compute_loss_func, "a LoRA adapter on lm_head")
+                self._objective = self._make_objective(args)
+            elif self._weighted_data:
+                self._check_own_loss_options(args, self.compute_loss_func, "per-token loss weights")
+                self._trl_weights = True
+        if self._objective is not None:
+            if args.loss_implementation == "fused":
+                from .lagged_policy import role_name
+
+                lagged = self._objective.spec.lagged_reference is not None
+                lora_head.check(self._base_model(), role_name(args.loss_type) if lagged else None)
             self._check_vocabulary(self._base_model())
             self._set_up_reference_and_schedule(args)
+        if self._objective is not None or self._trl_weights:
             self.add_callback(_OptimizerStepCallback(self))
-        else:
-            super().__init__(model, args, *positional, **kwargs)
+        if self._weighted_data:
+            self._collate_weights()
         # Patched for TRL's own losses too: the wrapper also makes `copy.deepcopy(model)` run the
         # copy's weights, which TRL's patch alone does not (its plain calls reach the original).
         compat.add_objective_head(
@@ -99,10 +110,75 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             self._objective.fused if self._objective is not None else None,
             reference=self._reference.hidden_states if self._reference is not None else None,
             reads_label_rows=self._objective is not None and self._objective.reads_label_rows,
+            reads_sequences=self._objective is not None and self._objective.reads_sequences,
         )
         add_end_of_turn_to_generation_config(self.model, self._text_tokenizer())
+        self._built = True
 
     # -- set-up ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_own_loss_options(args, compute_loss_func, what: str) -> None:
+        """Options that need TRL's own loss computation, refused where trl_emo computes the loss."""
+        if compute_loss_func is not None:
+            raise ValueError(
+                f"`compute_loss_func` cannot be combined with {what}: the loss is computed by trl_emo. Register your "
+                "loss with `trl_emo.register_loss` instead."
+            )
+        if args.label_smoothing_factor > 0:
+            raise ValueError(f"label_smoothing_factor is not supported with {what}.")
+
+    @staticmethod
+    def _make_objective(args) -> Objective:
+        return Objective(
+            args.loss_type,
+            args.loss_hyperparameters(),
+            cost_source=args.emo_cost_embedding,
+            chunk_size=args.fused_chunk_size,
+            trust_remote_code=args.trust_remote_code,
+            chunk_memory=None if args.fused_chunk_memory_mb is None else int(args.fused_chunk_memory_mb * 2**20),
+            backend=args.fused_backend,
+            fp32_head_grad=args.fused_fp32_head_grad,
+        )
+
+    # -- per-token weights in the data --------------------------------------------------------
+    def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+        """TRL's preparation, or, for a dataset with per-token weights, TRL's with the weights laid on the tokens and
+        carried through truncation and packing (`compat.prepare_weighted_dataset`)."""
+        if getattr(self, "_is_vision_dataset", False) or not carries_weights(dataset):
+            return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+        if getattr(self, "_built", False) and not self._weighted_data:
+            # `evaluate(eval_dataset=...)` after a trainer built without weights: its collator and loss take none.
+            raise ValueError(
+                f"The {dataset_name} dataset has per-token loss weights but the trainer was built on data without them: "
+                "pass it as eval_dataset when building the trainer."
+            )
+        self._weighted_data = True
+        return compat.prepare_weighted_dataset(
+            self, dataset, processing_class, args, packing, formatting_func, dataset_name
+        )
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        if self._weighted_data and WEIGHTS_COLUMN not in self._signature_columns:
+            self._signature_columns = [*self._signature_columns, WEIGHTS_COLUMN]
+
+    def _collate_weights(self) -> None:
+        collator = compat.weighted_collator(self.data_collator)
+        if collator is not None:
+            self.data_collator = collator
+        else:
+            logger.warning(
+                "The dataset has per-token loss weights, which TRL's DataCollatorForLanguageModeling would pad beside "
+                "the labels; the data_collator given (%s) must return them itself, as `%s` aligned with `labels`, or "
+                "training is unweighted.", type(self.data_collator).__name__, WEIGHTS_COLUMN,
+            )
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        # With per-token weights, the step's normalizer is the sum of the weights of its target tokens.
+        if batch_samples and WEIGHTS_COLUMN in batch_samples[0]:
+            return compat.count_weighted_items(self, batch_samples, device)
+        return super()._get_num_items_in_batch(batch_samples, device)
+
     def _base_model(self):
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
@@ -215,17 +291,38 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
-        if self._objective is None:
+        weights = inputs.pop(WEIGHTS_COLUMN, None)
+        if weights is not None and inputs.get("shift_labels") is not None:
+            # Context and sequence parallelism shard the labels after the collator; the weights would not follow.
+            raise ValueError("Per-token loss weights are not supported with pre-shifted labels (context or sequence "
+                             "parallelism): train without them, or without that parallelism.")
+        if self._objective is None and not self._trl_weights:
+            if weights is not None:
+                raise ValueError(
+                    "This batch has per-token loss weights but the trainer was built on data without them: pass the "
+                    "weighted dataset when building the trainer (train_dataset or eval_dataset)."
+                )
             # TRL's own losses: exactly TRL's behaviour, a NaN included.
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
         logits_inputs = compat.loss_inputs(self, inputs)
+        if self._objective is None:
+            # TRL's `nll`/`dft` with per-token weights (an unweighted batch weighs 1 everywhere).
+            if weights is None:
+                weights = torch.ones_like(inputs["labels"], dtype=torch.float32)
+            loss, result = compat.trl_loss_with_weights(self, model, inputs, weights, num_items_in_batch)
+            if self.args.stop_on_non_finite_loss and not torch.isfinite(loss.detach()).all():
+                self._raise_non_finite(mode)
+            self._add_token_metrics(mode, result, inputs, num_items_in_batch)
+            if return_outputs:
+                return loss, compat.outputs_for_metrics(model, logits_inputs)
+            return loss
         # Normally done when `train()` starts; here too for an `evaluate()` before any training.
         self._objective.prepare_cost(self._base_model())
         if self._sed_calibration is not None and self._objective.hparams.get("threshold") is None:
             self._calibrate_sed_threshold(model, inputs)
         if self.args.loss_implementation == "fused":
-            outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch)
+            outputs = model(**inputs, trl_emo_loss=True, num_items_in_batch=num_items_in_batch, trl_emo_weights=weights)
             loss, result, aux_loss = outputs.loss, outputs.result, outputs.aux_loss
         else:
             model_outputs = model(**logits_inputs)
@@ -239,6 +336,8 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
                 num_items_in_batch=num_items_in_batch,
                 shift_labels=inputs.get("shift_labels"),
                 reference_logits=reference_logits,
+                position_ids=inputs.get("position_ids"),
+                weights=weights,
             )
             loss, aux_loss = result.loss, getattr(model_outputs, "aux_loss", None)
 
@@ -256,6 +355,9 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
         this batch in its `loss` / `eval_loss`; and count TRL's `num_tokens`."""
         names = ("objective", "cross_entropy", "entropy", "mean_token_accuracy", *(outputs.metrics or {}))
         rows = outputs.target_rows  # None: every row is a target position (see `FusedLossOutput`)
+        if outputs.weights is not None:
+            # With per-token weights every statistic is a weighted mean, as the loss is (label-only rows weigh 0).
+            rows = outputs.weights
 
         def token_sum(values):
             # Statistics of the target positions only; the objective's rows all count (they sum to the loss).
@@ -306,7 +408,7 @@ class SFTTrainer(AtomicCheckpoints, _TRLSFTTrainer):
             compat.set_metric(self, "train", "sed_threshold", self._objective.hparams["threshold"])
 
     def evaluation_loop(self, *args, **kwargs):
-        if self._objective is None:
+        if self._objective is None and not self._trl_weights:
             return super().evaluation_loop(*args, **kwargs)
         self._eval_sums.pop()  # what an interrupted evaluation left
         output = super().evaluation_loop(*args, **kwargs)
