@@ -68,10 +68,18 @@ ARMS = {
     "eksft": {"loss_type": "eksft"},
     # EKSFT as its authors' code computes it (docs/losses.md): the form their published numbers come from.
     "eksft_authors": {"loss_type": "eksft", "eksft_formula": "authors"},
-    # The 2026 objectives written for SFT before RL (issue 46): trained once trl_emo registers their losses, added to
-    # the committed study without recomputing its runs (`--reuse_results`, docs/sft_then_rl_study.md).
-    "psft": {"loss_type": "psft"},
-    "curio_sft": {"loss_type": "curio_sft"},
+    # The 2026 objectives written for SFT before RL (issue 46), added to the committed study without recomputing its
+    # runs (`--reuse_results`, docs/sft_then_rl_study.md), at their authors' settings (docs/losses.md), written out so
+    # that the results file records them. PSFT's K = 8: their script's old policy spans 64 prompts in mini-batches of
+    # 8, one optimizer step each; this study's SFT step is 8 rows, so 8 steps keep one old policy per 64 rows as theirs.
+    # CurioSFT's teacher is mixed every 5 optimizer steps (their script): the lag is counted in updates, the
+    # teacher's distance from the policy; counted in rows (5 x 256 = 1,280) it would exceed this whole SFT run (3 epochs
+    # of 128 rows: 384 rows, 48 steps), leaving the starting model as the teacher: their code's default, not their run.
+    # Top-512 for the teacher's temperature: SmolLM2's vocabulary (49,152) is larger, so it applies unchanged (the
+    # head that sets the entropy is a few plausible tokens, not a share of the vocabulary).
+    "psft": {"loss_type": "psft", "psft_clip_low": 0.2, "psft_clip_high": 0.28, "psft_old_policy_steps": 8},
+    "curio_sft": {"loss_type": "curio_sft", "curio_alpha": 1.0, "curio_tau_min": 1.1, "curio_tau_max": 1.5,
+                  "curio_topk": 512, "curio_teacher_sync_steps": 5, "curio_teacher_mixup_alpha": 0.99},
 }
 # The arms of the default study (the committed results; the new arms join them with `--arms`).
 DEFAULT_ARMS = ["nll", "gem", "sed", "eksft", "eksft_authors"]
@@ -749,6 +757,8 @@ def analyse(results: dict) -> dict:
         if rows[0]["arm"] == "nll" or ce not in groups:
             continue
         for claim, metric, gain in CLAIMS:
+            if any(run_metric(run, stage, metric) is None for run in rows + groups[ce] for stage in ("sft", "rl")):
+                continue  # a figure these runs did not measure (pass@8 from fewer than 8 samples: --quick)
             comparisons.append({"config": config, "compared_with": ce, "claim": claim, "metric": metric,
                                 "effect": measure_effect(rows, groups[ce], metric, gain)})
     study_stats.judged(comparisons)
@@ -1028,7 +1038,8 @@ def report_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-COLORS = {"nll": "#444444", "gem": "#1f77b4", "sed": "#d62728", "eksft": "#2ca02c", "eksft_authors": "#9467bd"}
+COLORS = {"nll": "#444444", "gem": "#1f77b4", "sed": "#d62728", "eksft": "#2ca02c", "eksft_authors": "#9467bd",
+          "psft": "#ff7f0e", "curio_sft": "#8c564b"}
 
 
 def plot(results: dict, path: Path) -> None:

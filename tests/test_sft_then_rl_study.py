@@ -449,3 +449,17 @@ def test_the_jobs_report_i_of_n_with_elapsed_and_remaining_time(tmp_path):
     assert duration(7200) == "2.0 h" and duration(600) == "10 min"
     progress = Progress(2)
     assert progress.step("first").startswith("first done in 0 s: job 1 of 2 done")
+
+
+def test_a_claim_on_a_figure_the_runs_did_not_measure_is_left_out():
+    # --quick samples 2 per problem: pass@8 has no figure, so its claims are not made (they were a ValueError).
+    runs = [_run("nll", s, (30, 20, 50), (31, 25, 55)) for s in (0, 1)]
+    runs += [_run("psft", s, (30, 15, 55), (29, 20, 60)) for s in (0, 1)]
+    for run in runs:
+        for stage in ("sft", "rl"):
+            shares = [(i % 3) / 2 for i in range(8)]
+            _with_problems(run, stage, shares, [i % 2 == 0 for i in range(8)], samples=2)
+            run[stage]["T1"]["pass"] = {k: v for k, v in run[stage]["T1"]["pass"].items() if int(k) <= 2}
+    analysis = study.analyse(_results(runs))
+    assert [(r["claim"], r["metric"]) for r in analysis["comparisons"]] == [
+        ("ends higher", "greedy"), ("ends higher", "rlT/pass@1"), ("RL gains more", "rlT/pass@1")]

@@ -38,6 +38,9 @@ RL_TEMPLATE_NUMBERS = {
     "0.05": "EKSFT's default λ, 0.05 / 0.05 (docs/losses.md)",
     "3.9": "the two invocations' wall time, hours, from the study's log (not in the JSON)",
     "2026": "a year: the 2026 objectives",
+    "0.8": "PSFT's clip range, 1 - 0.2 (psft_clip_low)", "1.28": "PSFT's clip range, 1 + 0.28 (psft_clip_high)",
+    "49,152": "SmolLM2's vocabulary (CurioSFT's top-512 of it)",
+    "5.0": "CurioSFT's paper: +5.0 points after RL", "19": "the first round's tested comparisons (its report)",
 }
 REAL_MODEL_NUMBERS = {
     "576": "the model's hidden size", "49,152": "the model's vocabulary", "256": "the maximum length",
