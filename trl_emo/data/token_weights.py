@@ -59,12 +59,15 @@ def _feature_has_weight(feature) -> bool | None:
 def _rows_have_weight(dataset, column: str) -> bool:
     """Whether any row's messages in `column` carry a `weight` (read in batches, the column alone)."""
     for batch in dataset.select_columns([column]).iter(batch_size=1024):
-        for messages in batch[column]:
-            if isinstance(messages, list) and any(
-                isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in messages
-            ):
-                return True
+        if any(_has_message_weight(messages) for messages in batch[column]):
+            return True
     return False
+
+
+def _has_message_weight(messages) -> bool:
+    """Whether a row's turns (a list of messages) give any message a `weight`."""
+    return isinstance(messages, list) and any(isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None
+                                              for m in messages)
 
 
 def carries_weights(dataset) -> bool:
@@ -91,14 +94,9 @@ def carries_weights(dataset) -> bool:
         return False
     if WEIGHTS_COLUMN in first:
         return True
-    turns = first.get(SHAREGPT_COLUMN)
-    if isinstance(turns, list) and any(isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in turns):
+    if _has_message_weight(first.get(SHAREGPT_COLUMN)):
         raise DataError(_SHAREGPT_WEIGHTS)
-    return any(
-        isinstance(first.get(column), list)
-        and any(isinstance(m, Mapping) and m.get(MESSAGE_FIELD) is not None for m in first[column])
-        for column in CONVERSATION_COLUMNS
-    )
+    return any(_has_message_weight(first.get(column)) for column in CONVERSATION_COLUMNS)
 
 
 def check_weight(value, field: str) -> float:
